@@ -1,0 +1,46 @@
+"""Train a GPT on a corpus, save checkpoints, and print a sample at the end.
+
+    python train.py                                   # configs/default.py into runs/default
+    python train.py --config=configs/tiny.py --workdir=runs/tiny --config.train.steps=200
+    python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
+
+Any config field can be overridden with --config.<section>.<field>=value. Running again on a
+workdir that holds a checkpoint resumes from it.
+"""
+
+from pathlib import Path
+
+from absl import flags
+from ml_collections import config_flags
+
+from transformer import cli, generate, training
+
+_HERE = Path(__file__).resolve().parent
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(_HERE / "configs" / "default.py"), "A config file (Python, get_config()).",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go "
+                               "(default: runs/<config file name>).")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    config = cli.config_value(_CONFIG)
+    workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
+    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value)
+    s = config.sample
+    try:
+        [text] = generate.sample_text(
+            training.ModelConfig.from_config(config), state.params, tokenizer, s.prompt,
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+            top_p=s.top_p, seed=config.train.seed)
+    except cli.USER_ERRORS as e:
+        print(f"(no sample: {e})")
+        return
+    print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

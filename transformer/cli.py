@@ -1,0 +1,62 @@
+"""What the command lines share: flag parsing and turning bad input into one clear line.
+
+A user's mistake (a bad flag or config value, a missing corpus, a prompt the tokenizer
+cannot encode, a workdir with no checkpoint) ends the program with `error: <what and how to
+fix it>` on stderr and exit status 2, never a traceback. Bugs still show their traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags, logging
+
+from transformer.checkpoint import CheckpointError
+from transformer.config import ConfigError
+from transformer.data import CorpusError, TokenizerError
+from transformer.decode import PromptError
+
+USER_ERRORS = (ConfigError, CorpusError, TokenizerError, PromptError, CheckpointError)
+
+
+def fail(message: str, status: int = 2):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def config_value(holder):
+    """The value of a config_flags flag; a config file that fails to load is one error line."""
+    try:
+        value = holder.value
+        value.keys()  # a config file that failed to load raises only when used
+        return value
+    except OSError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        fail("could not load the config: " + (lines[-1] if lines else type(e).__name__))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return " ".join(text.split())
+
+
+def run(main) -> None:
+    """Parses absl flags (including --config and --config.x.y overrides) and calls main(argv)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.set_verbosity(logging.ERROR)  # orbax and absl chatter; our own output is print()
+    try:
+        argv = flags.FLAGS(sys.argv)
+    except flags.Error as e:
+        fail(_one_line(e))
+    except (KeyError, AttributeError) as e:
+        fail(f"unknown config key {_one_line(e).strip(chr(34))}: "
+             "transformer/config.py lists the fields that exist")
+    except (TypeError, ValueError, OSError, SyntaxError) as e:
+        fail(f"could not load the config: {_one_line(e)}")
+    try:
+        main(argv)
+    except USER_ERRORS as e:
+        fail(_one_line(e))
+    except KeyboardInterrupt:
+        fail("interrupted", status=130)

@@ -1,0 +1,209 @@
+"""The configuration schema, checked once at start-up.
+
+Config files under `configs/` are data: each `get_config()` starts from `base_config()`
+and changes a few fields. Every field a run can use is declared here with its default and
+type, so an unknown key or a value of the wrong type is caught before anything runs, and
+every error names the field and what would be valid.
+
+    from transformer.config import base_config, validate
+    config = base_config()
+    config.model.d_model = 384
+    validate(config)            # raises ConfigError("model.d_model=...: ...")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import ml_collections
+
+DTYPES = ("float32", "bfloat16")
+REMAT = ("none", "block", "dots")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field and the fix."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every field a run understands, with its default. Config files override these."""
+    c = ml_collections.ConfigDict()
+
+    c.model = ml_collections.ConfigDict()
+    c.model.vocab_size = 256        # 0: take it from the tokenizer
+    c.model.d_model = 128
+    c.model.n_layers = 2
+    c.model.n_heads = 4
+    c.model.d_ff = 512              # MLP hidden width (4 * d_model in GPT-2)
+    c.model.max_seq_len = 128       # context length: positions, KV-cache slots, training length
+    c.model.tie_embeddings = True   # logits = h @ E^T with the input embedding E
+    c.model.dtype = "float32"       # compute dtype; softmax and loss always run in float32
+    c.model.param_dtype = "float32"
+    c.model.scan_layers = False     # nn.scan over blocks: stacked params, faster compile
+    c.model.remat = "none"          # none | block | dots: what the backward pass recomputes
+
+    c.data = ml_collections.ConfigDict()
+    c.data.corpus = "stdlib"        # stdlib | copy | random | a path to a text file or folder
+    c.data.tokenizer = "byte"       # byte | char
+    c.data.max_bytes = 4_000_000    # read at most this much text
+    c.data.val_fraction = 0.05      # the tail of the corpus is held out for validation
+
+    c.train = ml_collections.ConfigDict()
+    c.train.seed = 0
+    c.train.steps = 1000
+    c.train.batch_size = 16
+    c.train.lr = 1e-3
+    c.train.warmup_steps = 100
+    c.train.min_lr_ratio = 0.1      # cosine decay ends at lr * min_lr_ratio
+    c.train.weight_decay = 0.1      # applied to matrices only
+    c.train.b1 = 0.9
+    c.train.b2 = 0.95
+    c.train.grad_clip = 1.0         # global-norm clipping; 0 disables
+    c.train.log_every = 10
+    c.train.eval_every = 200
+    c.train.eval_batches = 8
+    c.train.ckpt_every = 500
+    c.train.keep_checkpoints = 3
+
+    c.sample = ml_collections.ConfigDict()  # the sample printed at the end of training
+    c.sample.prompt = "def "
+    c.sample.max_new_tokens = 200
+    c.sample.temperature = 0.8
+    c.sample.top_k = 40
+    c.sample.top_p = 0.95
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The model's shape as a hashable value (a static argument of jitted functions)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    max_seq_len: int
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in config.model.items() if k in fields})
+
+
+def _fail(field: str, value: Any, fix: str):
+    raise ConfigError(f"{field}={value!r}: {fix}")
+
+
+def _check_keys(config, schema, prefix=""):
+    for key in config.keys():
+        name = f"{prefix}{key}"
+        if key not in schema:
+            known = ", ".join(sorted(schema.keys()))
+            raise ConfigError(f"{name}: unknown config key; known keys here: {known}")
+        value, default = config[key], schema[key]
+        if isinstance(default, ml_collections.ConfigDict):
+            if not isinstance(value, ml_collections.ConfigDict):
+                _fail(name, value, "must be a section, not a value")
+            _check_keys(value, default, name + ".")
+        elif type(value) is not type(default) and not (
+            isinstance(default, float) and type(value) is int
+        ):
+            _fail(name, value, f"must be of type {type(default).__name__}")
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Refuses a config that cannot work, with a message naming the field. Returns it."""
+    _check_keys(config, base_config())
+    m, d, t, s = config.model, config.data, config.train, config.sample
+
+    for field in ("d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+        if m[field] <= 0:
+            _fail(f"model.{field}", m[field], "must be a positive integer")
+    if m.vocab_size < 0:
+        _fail("model.vocab_size", m.vocab_size, "must be > 0, or 0 to take it from the tokenizer")
+    if m.d_model % m.n_heads:
+        _fail("model.d_model", m.d_model,
+              f"must be divisible by model.n_heads={m.n_heads}; "
+              f"try d_model={m.n_heads * max(1, round(m.d_model / m.n_heads))}")
+    for field in ("dtype", "param_dtype"):
+        if m[field] not in DTYPES:
+            _fail(f"model.{field}", m[field], f"must be one of {', '.join(DTYPES)}")
+    if m.remat not in REMAT:
+        _fail("model.remat", m.remat, f"must be one of {', '.join(REMAT)}")
+
+    if d.tokenizer not in ("byte", "char"):
+        _fail("data.tokenizer", d.tokenizer, "must be byte or char")
+    if d.corpus in ("copy", "random") and d.tokenizer != "byte":
+        _fail("data.tokenizer", d.tokenizer, f"synthetic corpus {d.corpus!r} needs tokenizer=byte")
+    if d.max_bytes <= 0:
+        _fail("data.max_bytes", d.max_bytes, "must be positive")
+    if not 0.0 < d.val_fraction < 1.0:
+        _fail("data.val_fraction", d.val_fraction, "must be strictly between 0 and 1")
+
+    for field in ("steps", "batch_size", "log_every", "eval_every", "eval_batches",
+                  "ckpt_every", "keep_checkpoints"):
+        if t[field] <= 0:
+            _fail(f"train.{field}", t[field], "must be a positive integer")
+    if t.warmup_steps < 0:
+        _fail("train.warmup_steps", t.warmup_steps, "must be >= 0")
+    if t.lr <= 0:
+        _fail("train.lr", t.lr, "must be positive")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        _fail("train.min_lr_ratio", t.min_lr_ratio, "must be in [0, 1]")
+    for field in ("b1", "b2"):
+        if not 0.0 <= t[field] < 1.0:
+            _fail(f"train.{field}", t[field], "must be in [0, 1)")
+    if t.weight_decay < 0 or t.grad_clip < 0:
+        field = "weight_decay" if t.weight_decay < 0 else "grad_clip"
+        _fail(f"train.{field}", t[field], "must be >= 0")
+
+    check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, m.max_seq_len,
+                   prefix="sample.")
+    return config
+
+
+def check_sampling(temperature, top_k, top_p, max_new_tokens, max_seq_len, prefix=""):
+    """Sampling values that make sense; shared by the config and sample.py's flags."""
+    if temperature < 0:
+        _fail(f"{prefix}temperature", temperature, "must be >= 0 (0 means greedy)")
+    if top_k < 0:
+        _fail(f"{prefix}top_k", top_k, "must be >= 0 (0 disables top-k)")
+    if not 0.0 < top_p <= 1.0:
+        _fail(f"{prefix}top_p", top_p, "must be in (0, 1] (1 disables top-p)")
+    if not 0 < max_new_tokens < max_seq_len:
+        _fail(f"{prefix}max_new_tokens", max_new_tokens,
+              f"must be in [1, {max_seq_len - 1}] (the context is {max_seq_len} tokens)")
+
+
+def to_dict(config: ml_collections.ConfigDict) -> dict:
+    """A plain JSON-able dict (what travels with a checkpoint)."""
+    return json.loads(config.to_json())
+
+
+def from_dict(values: dict) -> ml_collections.ConfigDict:
+    """Rebuilds a config saved with `to_dict`, on top of today's defaults."""
+    config = base_config()
+    config.update_from_flattened_dict(_flatten(values))
+    return config
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,72 @@
+"""Integer batches, each a pure function of (seed, split, index): a resumed run sees the same data.
+
+A batch is a dict of int32 arrays:
+    inputs   [B, T]   tokens fed to the model
+    targets  [B, T]   the next token at every position (inputs shifted by one)
+    weights  [B, T]   1.0 where the loss counts, 0.0 where it does not
+
+Sources:
+- `TokenStream`: random windows of a tokenized corpus, the last `val_fraction` held out.
+- `CopyTask`: n random tokens followed by the same n again; only the copied half counts, and
+  a model can only predict it by attending back n positions (attention must move information).
+- `RandomTokens`: i.i.d. uniform tokens. Nothing is predictable, so the loss cannot fall below
+  ln(vocab) unless the causal mask leaks the future.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer.data.corpus import CorpusError
+
+_SPLITS = {"train": 0, "val": 1}
+
+
+def _rng(seed: int, split: str, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, _SPLITS[split], index])
+
+
+class TokenStream:
+    def __init__(self, tokens: np.ndarray, seq_len: int, val_fraction: float):
+        n_val = max(seq_len + 1, int(len(tokens) * val_fraction))
+        if len(tokens) - n_val < seq_len + 1:
+            raise CorpusError(
+                f"the corpus has {len(tokens)} tokens, too few for training and validation "
+                f"windows of {seq_len + 1} tokens: give more text or a smaller model.max_seq_len")
+        self.splits = {"train": tokens[:-n_val], "val": tokens[-n_val:]}
+        self.seq_len = seq_len
+
+    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
+        data, T = self.splits[split], self.seq_len
+        starts_B = _rng(seed, split, index).integers(0, len(data) - T, size=batch_size)
+        window_BT1 = data[starts_B[:, None] + np.arange(T + 1)[None, :]]
+        return {"inputs": window_BT1[:, :-1].astype(np.int32),
+                "targets": window_BT1[:, 1:].astype(np.int32),
+                "weights": np.ones((batch_size, T), np.float32)}
+
+
+class CopyTask:
+    def __init__(self, vocab_size: int, seq_len: int):
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+
+    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
+        T = self.seq_len
+        n = (T + 1 + 1) // 2
+        half_Bn = _rng(seed, split, index).integers(0, self.vocab_size, size=(batch_size, n))
+        seq_BT1 = np.concatenate([half_Bn, half_Bn], axis=1)[:, : T + 1]
+        weights_BT = np.zeros((batch_size, T), np.float32)
+        weights_BT[:, n - 1:] = 1.0  # targets seq[n:] repeat seq[:n]
+        return {"inputs": seq_BT1[:, :-1].astype(np.int32),
+                "targets": seq_BT1[:, 1:].astype(np.int32), "weights": weights_BT}
+
+
+class RandomTokens:
+    def __init__(self, vocab_size: int, seq_len: int):
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+
+    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
+        seq_BT1 = _rng(seed, split, index).integers(0, self.vocab_size,
+                                                    size=(batch_size, self.seq_len + 1))
+        return {"inputs": seq_BT1[:, :-1].astype(np.int32),
+                "targets": seq_BT1[:, 1:].astype(np.int32),
+                "weights": np.ones((batch_size, self.seq_len), np.float32)}

@@ -1,0 +1,72 @@
+"""Where training text comes from. Nothing is downloaded.
+
+- `stdlib`: the `.py` sources of this Python's standard library, read in sorted path order:
+  real text that every machine running this project already has.
+- a path: a text file, or every UTF-8 text file under a folder (sorted; binary files skipped).
+
+Synthetic tasks (copy, random) need no text; they live in `batches.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+
+class CorpusError(ValueError):
+    """A corpus that is missing, empty or not text."""
+
+
+def stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts
+             and "dist-packages" not in p.parts]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def read_corpus(corpus: str, max_bytes: int) -> str:
+    """The text of `corpus` ('stdlib' or a path), at most max_bytes of UTF-8."""
+    if corpus == "stdlib":
+        files, name = stdlib_files(), "the Python standard library"
+    else:
+        path = Path(corpus).expanduser()
+        if not path.exists():
+            raise CorpusError(f"data.corpus={corpus!r}: no such file or folder "
+                              "(give a text file, a folder of text files, or stdlib/copy/random)")
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        name = str(path)
+    parts, size, skipped = [], 0, 0
+    for file in files:
+        if size >= max_bytes:
+            break
+        try:
+            raw = file.read_bytes()[: max_bytes - size]
+        except OSError:
+            skipped += 1
+            continue
+        text = None if b"\0" in raw else _decode_prefix(raw)
+        if text is None:
+            skipped += 1
+            continue
+        parts.append(text)
+        size += len(text.encode("utf-8"))
+    text = "".join(parts)
+    if not text.strip():
+        what = "holds no UTF-8 text" if skipped else "is empty"
+        raise CorpusError(f"data.corpus={corpus!r}: {name} {what}")
+    return text
+
+
+def _decode_prefix(raw: bytes):
+    """Decodes raw, allowing only its last character to be cut short (by max_bytes)."""
+    for cut in range(0, min(4, len(raw) + 1)):
+        try:
+            return raw[: len(raw) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def describe(corpus: str) -> str:
+    return "Python standard library sources" if corpus == "stdlib" else os.fspath(corpus)

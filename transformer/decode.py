@@ -1,0 +1,126 @@
+"""Generation: one prefill pass over the prompts, then a `lax.scan` that emits one token per step.
+
+    cache  = zeros [B, H, S, K] per layer               preallocated, fixed shape
+    logits = model(prompts, cache)                       prefill: write the whole prompt
+    repeat max_new_tokens - 1 times (lax.scan):
+      token  = sample(logits[:, -1])                     greedy / temperature / top-k / top-p
+      logits = model(token, cache at slot P + i)          attend to the filled slots only
+
+Prompts of different lengths are left-padded to a shared length P, so every row writes its
+next token to the same slot; each row's mask hides its padding slots and its positions
+count from its first real token. P is rounded up to a bucket (16, 32, 64, ...), so a handful
+of compiled programs serve every prompt. Temperature, top-k, top-p, the key, the prompt
+content and the end token are traced arguments: changing them never recompiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import kvcache, sampling
+from transformer.config import ModelConfig
+from transformer.model import GPT, unstack_layers
+
+PAD_ID = 0
+MIN_BUCKET = 16
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be generated from (empty, or too long for the context)."""
+
+
+def prompt_bucket(longest: int, max_new_tokens: int, max_seq_len: int) -> int:
+    """The padded prompt length: the next power of two >= longest (at least 16), capped so
+    that the prompt and the new tokens fit in the context."""
+    bucket = MIN_BUCKET
+    while bucket < longest:
+        bucket *= 2
+    return min(bucket, max_seq_len - max_new_tokens + 1)
+
+
+def check_prompts(prompts, max_new_tokens: int, max_seq_len: int) -> None:
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise PromptError(f"prompt {i} is empty: give at least one token")
+        if len(prompt) >= max_seq_len:
+            raise PromptError(f"prompt {i} has {len(prompt)} tokens but the context holds "
+                              f"{max_seq_len}: shorten the prompt")
+        if len(prompt) + max_new_tokens > max_seq_len:
+            raise PromptError(
+                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} "
+                f"that exceeds the context of {max_seq_len} tokens: shorten the prompt or "
+                f"ask for at most {max_seq_len - len(prompt)} new tokens")
+
+
+def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
+    """The one function decoding needs from the model: tokens + cache → logits + cache."""
+    T = tokens_BT.shape[1]
+    positions_BT = jnp.maximum(index + jnp.arange(T)[None, :] - start_B[:, None], 0)
+    return GPT(config).apply({"params": params}, tokens_BT, positions_BT,
+                             cache=cache, index=index, start_B=start_B)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens"),
+                   donate_argnames=("cache",))
+def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
+                    *, config: ModelConfig, max_new_tokens: int):
+    """The compiled program: prefill + scan. Returns (tokens_BN, cache).
+
+    prompt_BP is left-padded; start_B[b] is the slot of row b's first real token. Tokens after
+    a row's first `eos_id` are PAD_ID. The cache argument is donated and returned updated.
+    """
+    config = dataclasses.replace(config, scan_layers=False)
+    params = unstack_layers(params, config.n_layers)  # once, outside the loop
+    P = prompt_BP.shape[1]
+
+    def sample(logits_BV, i):
+        return sampling.sample(logits_BV, jax.random.fold_in(key, i), temperature, top_k, top_p)
+
+    logits_BPV, cache = _forward(config, params, prompt_BP, cache, 0, start_B)
+    token_B = sample(logits_BPV[:, -1], 0)
+    done_B = token_B == eos_id
+
+    def step(carry, i):
+        cache, token_B, done_B = carry
+        logits_B1V, cache = _forward(config, params, token_B[:, None], cache, P + i, start_B)
+        token_B = jnp.where(done_B, PAD_ID, sample(logits_B1V[:, 0], i + 1))
+        done_B = done_B | (token_B == eos_id)
+        return (cache, token_B, done_B), token_B
+
+    (cache, _, _), rest_NB = jax.lax.scan(step, (cache, token_B, done_B),
+                                          jnp.arange(max_new_tokens - 1))
+    return jnp.concatenate([token_B[:, None], rest_NB.T], axis=1), cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "batch"))
+def new_cache(*, config: ModelConfig, batch: int):
+    return kvcache.init_cache(batch, config.n_layers, config.n_heads, config.max_seq_len,
+                              config.head_dim, jnp.dtype(config.dtype))
+
+
+def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
+             seed: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             eos_id: int = -1) -> list[list[int]]:
+    """Continues each prompt (a list of token ids) by up to max_new_tokens tokens.
+
+    Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
+    """
+    check_prompts(prompts, max_new_tokens, config.max_seq_len)
+    P = prompt_bucket(max(map(len, prompts)), max_new_tokens, config.max_seq_len)
+    prompt_BP = np.full((len(prompts), P), PAD_ID, np.int32)
+    start_B = np.array([P - len(p) for p in prompts], np.int32)
+    for row, prompt in enumerate(prompts):
+        prompt_BP[row, P - len(prompt):] = prompt
+    tokens_BN, _ = generate_tokens(
+        params, new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
+        jax.random.key(seed), jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
+        jnp.int32(eos_id), config=config, max_new_tokens=max_new_tokens)
+    out = []
+    for row in np.asarray(tokens_BN).tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out

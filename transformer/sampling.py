@@ -1,0 +1,48 @@
+"""Logits → next token: greedy, temperature, top-k and top-p (nucleus) sampling.
+
+Every knob is a traced value, not a Python constant, so changing the temperature, k, p or
+the random key never recompiles the decode program:
+
+    temperature == 0   greedy (argmax)
+    top_k == 0         no top-k filter; otherwise keep the k most likely tokens
+    top_p == 1         no nucleus filter; otherwise keep the smallest set of most likely
+                       tokens whose probability (after temperature and top-k) reaches p
+
+Ties at the top-k boundary are all kept. Filters compare against thresholds taken from
+one sort of the logits, so they work for any k without a static `lax.top_k`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def filter_logits(logits_BV, temperature, top_k, top_p):
+    """Temperature-scaled logits with everything outside the top-k / top-p set at -inf."""
+    logits_BV = logits_BV.astype(jnp.float32)
+    V = logits_BV.shape[-1]
+    scaled_BV = logits_BV / jnp.maximum(temperature, 1e-6)
+    sorted_BV = jnp.sort(scaled_BV, axis=-1)[:, ::-1]  # descending
+
+    # top-k: the k-th largest value is the smallest one kept.
+    k = jnp.clip(top_k, 1, V)
+    kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
+    kth_B1 = jnp.where(top_k > 0, kth_B1, -jnp.inf)
+    sorted_BV = jnp.where(sorted_BV >= kth_B1, sorted_BV, -jnp.inf)
+
+    # top-p: keep a sorted token while the probability mass before it is still below p.
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    kept_BV = (mass_before_BV < top_p) & jnp.isfinite(sorted_BV)
+    floor_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+
+    threshold_B1 = jnp.maximum(kth_B1, floor_B1)
+    return jnp.where(scaled_BV >= threshold_B1, scaled_BV, -jnp.inf)
+
+
+def sample(logits_BV, key, temperature, top_k, top_p):
+    """One token per row: argmax when temperature is 0, else a draw from the filtered softmax."""
+    greedy_B = jnp.argmax(logits_BV, axis=-1)
+    drawn_B = jax.random.categorical(key, filter_logits(logits_BV, temperature, top_k, top_p))
+    return jnp.where(temperature > 0, drawn_B, greedy_B).astype(jnp.int32)
