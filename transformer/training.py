@@ -61,7 +61,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, model_config)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"train_loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {"train_loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
 
@@ -117,7 +117,8 @@ def resolve(config, tokenizer) -> None:
     """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
     if config.model.vocab_size == 0:
         config.model.vocab_size = tokenizer.vocab_size
-    elif config.model.vocab_size < tokenizer.vocab_size:
+    elif (config.model.vocab_size < tokenizer.vocab_size
+          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
@@ -132,21 +133,25 @@ def _check_same_model(config, saved: dict, workdir) -> None:
                           "use a new --workdir or the saved config")
 
 
-def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True):
-    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer)."""
+def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
+          stop_at: int | None = None):
+    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer).
+
+    `stop_at` ends this invocation early at that step (with a checkpoint), as an interruption
+    would; running again continues the same schedule to `train.steps`."""
     config_lib.validate(config)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    latest = ckpts.latest_step()
-
-    saved_tokenizer = None
+    latest, saved_tokenizer = None, None
+    if checkpoint.directory(workdir).is_dir():
+        latest = checkpoint.Checkpoints(workdir, read_only=True).latest_step()
     if latest is not None:
-        meta = ckpts.read_meta(latest)
+        meta = checkpoint.Checkpoints(workdir, read_only=True).read_meta(latest)
         _check_same_model(config, meta["config"], workdir)
         saved_tokenizer = data.tokenizers.from_json(meta["tokenizer"])
-    tokenizer, source = data.load(config, saved_tokenizer)
+    tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
 
     trainer = Trainer.build(config)
     t = config.train
@@ -166,7 +171,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
     meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
-    for step in range(start, t.steps):
+    end = t.steps if stop_at is None else min(stop_at, t.steps)
+    for step in range(start, end):
         state, metrics = trainer.step_fn(state, source.batch(t.seed, "train", step, t.batch_size))
         done, tokens_since_log = step + 1, tokens_since_log + tokens_per_step
         if done % t.log_every == 0 or done == t.steps:
@@ -184,13 +190,13 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
                 val_loss = evaluate(trainer, state.params, source, t.seed)
             metrics_log.write(step=done, val_loss=val_loss)
             bar.write(f"step {done}: val_loss {val_loss:.4f}")
-        if done % t.ckpt_every == 0 or done == t.steps:
+        if done % t.ckpt_every == 0 or done == end:
             with meter.paused():
                 ckpts.save(done, state.params, {"step": state.step, "opt_state": state.opt_state},
                            {**meta, "step": done})
     bar.close()
     ckpts.wait()
     ckpts.close()
-    if start < t.steps:
-        log(f"trained steps {start}..{t.steps} in {time.perf_counter() - started:.1f}s")
+    if start < end:
+        log(f"trained steps {start}..{end} in {time.perf_counter() - started:.1f}s")
     return state, tokenizer
