@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
+import flax.linen as nn
 import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
@@ -75,7 +75,6 @@ def test_rules_table_validated_and_batch_claims_its_axes_first():
     rules = sharding.axis_rules(config)
     assert rules[0] == ("batch", ("data", "fsdp")) and dict(rules)["length"] is None
     # An activation [batch, length, embed] keeps embed whole; a parameter splits it on fsdp.
-    import flax.linen as nn
     assert tuple(nn.logical_to_mesh_axes(("batch", "length", "embed"), rules)) == (
         ("data", "fsdp"), None, None)
     assert tuple(nn.logical_to_mesh_axes(("embed", "mlp"), rules)) == ("fsdp", "tensor")

@@ -73,12 +73,6 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-def single_device_mesh() -> Mesh:
-    """A 1x1x1 mesh on the first device: the place to restore onto when sampling on one chip."""
-    return Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), MESH_AXES,
-                axis_types=(AxisType.Auto,) * 3)
-
-
 def axis_rules(config) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
     """config.mesh.rules as Flax logical-axis rules: ((logical name, mesh axes or None), ...).
 
