@@ -126,5 +126,6 @@ def test_index_out_of_range_and_empty_report_are_one_line_errors(tmp_path):
     sweep_file.write_text(TINY_SWEEP)
     bad = _scaling(f"--sweep={sweep_file}", f"--workdir={tmp_path / 'w'}", "--index=7")
     assert bad.returncode == 2 and "--index=7" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "w").exists()  # nothing written for a bad index
     empty = _scaling(f"--workdir={tmp_path / 'nothing'}", "--report")
     assert empty.returncode == 2 and "no finished sweep members" in empty.stderr

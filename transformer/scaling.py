@@ -108,14 +108,14 @@ def members(sweep) -> list[Member]:
 def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[str]:
     """Trains the members not yet finished (or only member `index`). Returns those trained."""
     from transformer import training  # jax, flax, optax: not needed for --report
+    all_members = members(sweep)
+    if index is not None and not 0 <= index < len(all_members):
+        raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    all_members = members(sweep)
     (workdir / "sweep.json").write_text(json.dumps(
         {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
         indent=1))
-    if index is not None and not 0 <= index < len(all_members):
-        raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
     chosen = all_members if index is None else [all_members[index]]
     trained = []
     for m in chosen:
