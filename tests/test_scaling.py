@@ -129,3 +129,27 @@ def test_index_out_of_range_and_empty_report_are_one_line_errors(tmp_path):
     assert not (tmp_path / "w").exists()  # nothing written for a bad index
     empty = _scaling(f"--workdir={tmp_path / 'nothing'}", "--report")
     assert empty.returncode == 2 and "no finished sweep members" in empty.stderr
+
+
+def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):
+    """Runs written by hand (no training): 3 sizes × 3 token budgets on a known L(N, D)."""
+    for i, (n, d) in enumerate((n, d) for d in (1e6, 4e6, 16e6) for n in (1e4, 1e5, 1e6)):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        loss = 1.0 + 30 * n ** -0.3 + 200 * d ** -0.35
+        (run / "result.json").write_text(json.dumps(dict(
+            name=run.name, budget="tokens", budget_value=d, n_layers=1, d_model=8, steps=10,
+            tokens=d, params_total=int(n * 1.1), params_non_embedding=int(n), flops=6 * n * d,
+            wall_s=1.0)))
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 10, "tokens": d, "train_loss": loss, "tokens_per_s": 5.0})
+            + "\n" + json.dumps({"step": 10, "tokens": d, "val_loss": loss}) + "\n")
+    lines = []
+    fits = scaling.report(tmp_path, log=lines.append)
+    assert abs(fits["L(N,D)"]["alpha"] - 0.3) < 0.02 and abs(fits["L(N,D)"]["beta"] - 0.35) < 0.02
+    assert fits["L(N)"]["n_points"] == 3  # the largest budget only
+    assert fits["L(C)"] is not None
+    assert "monotonically with size: yes" in lines[0]
+    assert len((tmp_path / "report.csv").read_text().splitlines()) == 10
+    for name in ("loss_vs_params.png", "loss_vs_compute.png", "loss_curves.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

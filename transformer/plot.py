@@ -100,9 +100,10 @@ def plot_scaling(x, loss, fitted, out, xlabel: str, groups=None, fit_label: str 
         ax.plot(grid, fit.predict(fitted, grid), "k--", lw=1,
                 label=fit_label or f"fit: α={fitted['alpha']:.3f}±{fitted['alpha_err']:.2g}")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final val loss")
-    from matplotlib.ticker import FormatStrFormatter  # 4.7 rather than 4.7×10^0
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))  # 4.70 rather than 4.7×10^0
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor x labels collide within a decade
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, out)

@@ -164,7 +164,7 @@ def collect(workdir) -> list[dict]:
         row["tokens_per_s"] = float(np.median(rates)) if rates else math.nan
         row["workdir"] = str(result_path.parent)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["tokens"], r["params_non_embedding"]))
+    return sorted(rows, key=lambda r: (r["budget_value"], r["params_non_embedding"]))
 
 
 def _frontier(rows):
@@ -193,14 +193,19 @@ def report(workdir, log=print) -> dict:
         writer.writerows(rows)
     table = markdown_table(rows)
 
-    budgets = sorted({r["tokens"] for r in rows})
-    largest = [r for r in rows if r["tokens"] == budgets[-1]]
+    # L(N) is fitted across sizes at one budget: the largest (fixed tokens, or tokens per
+    # parameter). An IsoFLOP budget trades size against tokens, so its L(N) is a valley,
+    # not a power law: those sweeps are fitted by L(C) and L(N, D) only.
     ok = [r for r in rows if math.isfinite(r["val_loss"])]
+    budgets = sorted({r["budget_value"] for r in ok})
+    largest = [r for r in ok if r["budget_value"] == budgets[-1]] if budgets else []
+    if rows[0]["budget"] == "flops":
+        largest = []
+    frontier = _frontier(ok)
     fits = {
         "L(N)": fit.power_law([r["params_non_embedding"] for r in largest],
                               [r["val_loss"] for r in largest]),
-        "L(C)": fit.power_law([r["flops"] for r in _frontier(ok)],
-                              [r["val_loss"] for r in _frontier(ok)]),
+        "L(C)": fit.power_law([r["flops"] for r in frontier], [r["val_loss"] for r in frontier]),
         "L(N,D)": fit.power_law_nd([r["params_non_embedding"] for r in ok],
                                    [r["tokens"] for r in ok], [r["val_loss"] for r in ok]),
     }
@@ -210,16 +215,16 @@ def report(workdir, log=print) -> dict:
     for name, f in fits.items():
         x = {"L(N)": "N", "L(C)": "C", "L(N,D)": "N"}[name]
         lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"))
-    if len(budgets) > 1:
-        lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget, "
-                     f"{budgets[-1]:,} tokens)")
-    monotonic = _monotonic(largest)
-    lines.append("val loss falls monotonically with size: " + ("yes" if monotonic else "NO"))
+    if len(budgets) > 1 and largest:
+        lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget)")
+    if largest:
+        lines.append("val loss falls monotonically with size: "
+                     + ("yes" if _monotonic(largest) else "NO"))
     if missing:
         lines.append(f"not finished yet: {', '.join(missing)}")
     (workdir / "report.md").write_text("\n".join(lines) + "\n")
 
-    groups = [f"{r['tokens']:,} tokens" for r in rows]
+    groups = [budget_label(r["budget"], r["budget_value"]) for r in rows]
     plots = [
         plot.plot_scaling([r["params_non_embedding"] for r in rows], [r["val_loss"] for r in rows],
                           fits["L(N)"], workdir / "loss_vs_params.png",
@@ -235,6 +240,11 @@ def report(workdir, log=print) -> dict:
                                        workdir / "fit.json", *plots]))
     log("\n".join(lines))
     return fits
+
+
+def budget_label(kind: str, value: float) -> str:
+    return {"tokens": f"{human(value)} tokens", "flops": f"{value:.1e} FLOPs",
+            "chinchilla": f"{value:g} tokens/param"}[kind]
 
 
 def _monotonic(rows) -> bool:
