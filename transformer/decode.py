@@ -1,6 +1,6 @@
 """Generation: one prefill pass over the prompts, then a `lax.scan` that emits one token per step.
 
-    cache  = zeros [B, H, S, K] per layer               preallocated, fixed shape
+    cache  = zeros [B, G, S, K] per layer               preallocated, fixed shape (G K/V heads)
     logits = model(prompts, cache)                       prefill: write the whole prompt
     repeat max_new_tokens - 1 times (lax.scan):
       token  = sample(logits[:, -1])                     greedy / temperature / top-k / top-p
@@ -99,7 +99,7 @@ def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, 
 
 @functools.partial(jax.jit, static_argnames=("config", "batch"))
 def new_cache(*, config: ModelConfig, batch: int):
-    return kvcache.init_cache(batch, config.n_layers, config.n_heads, config.max_seq_len,
+    return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
                               config.head_dim, jnp.dtype(config.dtype))
 
 

@@ -104,10 +104,16 @@ def evaluate(trainer: Trainer, params, source, seed: int) -> float:
 def summary(config, params, tokenizer, corpus_desc: str) -> str:
     m, t = config.model, config.train
     n_total = count_params(params)
-    n_embed = params["embed"]["embedding"].size + params["pos_embed"].size
+    n_embed = params["embed"]["embedding"].size + (
+        params["pos_embed"].size if "pos_embed" in params else 0)
     tokens_per_step = t.batch_size * m.max_seq_len
-    return (f"model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, d_ff {m.d_ff}, "
+    kv = f"{m.n_kv_heads} kv heads, " if m.n_kv_heads else ""
+    window = f", window {m.sliding_window}" if m.sliding_window else ""
+    return (f"model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, {kv}"
+            f"d_ff {m.d_ff}, "
             f"context {m.max_seq_len}, vocab {m.vocab_size}\n"
+            f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
+            f"{m.attention_kernel} attention{window}\n"
             f"params: {n_total:,} total, {n_total - n_embed:,} non-embedding\n"
             f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} tokens/step, "
             f"{t.steps:,} steps = {tokens_per_step * t.steps:,} tokens")
