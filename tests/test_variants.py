@@ -258,6 +258,7 @@ def test_swiglu_keeps_the_parameter_count_comparable():
     gelu = ModelConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=4, d_ff=512,
                        max_seq_len=32)
     swiglu = dataclasses.replace(gelu, mlp="swiglu")
-    shapes = [jax.eval_shape(init_params, c, jax.random.key(0)) for c in (gelu, swiglu)]
+    shapes = [jax.eval_shape(functools.partial(init_params, c), jax.random.key(0))
+              for c in (gelu, swiglu)]
     n = [sum(x.size for x in jax.tree.leaves(p["block_0"]["mlp"])) for p in shapes]
     assert swiglu.mlp_hidden % 8 == 0 and abs(n[1] - n[0]) / n[0] < 0.02
