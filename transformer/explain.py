@@ -127,11 +127,13 @@ def main(argv):
     if f.workdir:
         model_config, params, tokenizer, _ = load_run(f.workdir)
     else:
-        model_config, params, tokenizer = small_model()
+        model_config, params, tokenizer = None, None, tokenizers.ByteTokenizer()
     tokens = tokenizer.encode(f.text)
-    if not 0 < len(tokens) <= min(16, model_config.max_seq_len):
+    if not 0 < len(tokens) <= 16:
         raise PromptError(f"--text is {len(tokens)} tokens: give 1 to 16 (it is printed as "
                           "T x T tables)")
+    if model_config is None:
+        model_config, params, tokenizer = small_model()
     if not 0 <= f.layer < model_config.n_layers:
         cli.fail(f"--layer={f.layer}: the model has layers 0..{model_config.n_layers - 1}")
     if not 0 <= f.head < model_config.n_heads:
