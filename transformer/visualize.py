@@ -77,7 +77,7 @@ def plot_layer(weights_HTT, labels, title, path):
     import matplotlib.pyplot as plt
 
     H, T = weights_HTT.shape[0], len(labels)
-    cols = min(H, 4)
+    cols = int(np.ceil(np.sqrt(H)))  # a square-ish grid
     rows = -(-H // cols)
     size = max(3.0, 0.22 * T)
     fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows + 0.6), squeeze=False)
