@@ -43,7 +43,10 @@ def main(argv):
                               model_config.max_seq_len)
     if _NUM_SAMPLES.value < 1:
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
-    abstract = jax.eval_shape(lambda: init_params(model_config, jax.random.key(0)))
+    # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
     params, _ = ckpts.restore(step, abstract)
     texts = generate.sample_text(
         model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,

@@ -26,6 +26,7 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax")
+MESH_AXES = ("data", "fsdp", "tensor")
 
 
 class ConfigError(ValueError):
@@ -81,9 +82,32 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.ckpt_every = 500
     c.train.keep_checkpoints = 3
 
+    # The device mesh: sizes of its three axes, -1 = all remaining devices (see sharding.py).
+    # data x fsdp x tensor must equal the device count; the default puts every device on data.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1                # batch split, parameters copied
+    c.mesh.fsdp = 1                 # batch split, parameters and optimizer state split too
+    c.mesh.tensor = 1               # heads, MLP width and vocabulary split
+    # Logical axis -> mesh axes ("a,b"; "" = not split). Parameters and activations name
+    # logical axes (model.py, kvcache.py); this table alone decides where they live.
+    c.mesh.rules = ml_collections.ConfigDict()
+    c.mesh.rules.batch = "data,fsdp"
+    c.mesh.rules.length = ""
+    c.mesh.rules.embed = "fsdp"
+    c.mesh.rules.heads = "tensor"
+    c.mesh.rules.kv_heads = "tensor"
+    c.mesh.rules.head_dim = ""
+    c.mesh.rules.mlp = "tensor"
+    c.mesh.rules.vocab = "tensor"
+    c.mesh.rules.layers = ""
+    c.mesh.rules.cache_batch = "data,fsdp"
+    c.mesh.rules.cache_heads = "tensor"
+    c.mesh.rules.cache_length = ""
+    c.mesh.rules.cache_head_dim = ""
+
     c.sample = ml_collections.ConfigDict()  # the sample printed at the end of training
     c.sample.prompt = "def "
-    c.sample.max_new_tokens = 200
+    c.sample.max_new_tokens = 100
     c.sample.temperature = 0.8
     c.sample.top_k = 40
     c.sample.top_p = 0.95
@@ -219,6 +243,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if t.weight_decay < 0 or t.grad_clip < 0:
         field = "weight_decay" if t.weight_decay < 0 else "grad_clip"
         _fail(f"train.{field}", t[field], "must be >= 0")
+
+    for axis in MESH_AXES:
+        if config.mesh[axis] == 0 or config.mesh[axis] < -1:
+            _fail(f"mesh.{axis}", config.mesh[axis], "must be a positive size, or -1 for all "
+                  "remaining devices")
+    for name, value in config.mesh.rules.items():
+        unknown = [a for a in value.split(",") if a.strip() and a.strip() not in MESH_AXES]
+        if unknown:
+            _fail(f"mesh.rules.{name}", value, f"names mesh axes {unknown}; use a comma-"
+                  f"separated subset of {', '.join(MESH_AXES)}, or '' for not split")
 
     check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, m.max_seq_len,
                    prefix="sample.")

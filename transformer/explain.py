@@ -4,7 +4,7 @@
     python -m transformer.explain --text="def f" --layer=0 --head=1
     python -m transformer.explain --workdir=runs/default   # a trained model's numbers
 
-Prints, for one head:  Q, K, V  →  scores Q Kᵀ  →  ÷ √d_k  →  causal mask  →  softmax  →
+Prints, for one head: Q, K, V → scores Q Kᵀ → ÷ √d_k → causal mask → softmax →
 weights · V. Q, K and V are the ones the model computed (sown by model.py); the weights and
 the output come from the project's own `attention.dot_product_attention`; every step is then
 recomputed in plain NumPy, and the largest difference is printed (and must be < 1e-5).

@@ -6,6 +6,11 @@
 
 The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
 state and step, so a run restarted on its workdir continues where its last checkpoint stood.
+
+Everything lives on a device mesh (sharding.py): the state is created already split
+(eval_shape -> shardings -> jit(init, out_shardings)), the step is compiled with explicit
+in/out shardings and donates the old state, and each process builds only the batch rows its
+devices hold. One CPU is the 1x1x1 case of the same code.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoint, config as config_lib, data, generate
+from transformer import checkpoint, config as config_lib, data, sharding
 from transformer.config import ConfigError, ModelConfig
 from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
@@ -61,7 +66,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, model_config)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"train_loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {"train_loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
 
@@ -72,31 +77,70 @@ def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:
 
 @dataclasses.dataclass
 class Trainer:
-    """The compiled functions of one run (built once from its config)."""
+    """The compiled functions of one run on one mesh (built once from its config)."""
 
     config: Any
     model_config: ModelConfig
     optimizer: optax.GradientTransformation
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    state_sharding: TrainState
+    batch_sharding: jax.sharding.NamedSharding
     step_fn: Callable
     eval_fn: Callable
 
     @classmethod
-    def build(cls, config) -> "Trainer":
+    def build(cls, config, mesh=None) -> "Trainer":
+        """Compiles for `mesh` (default: the one config.mesh describes over every device).
+        Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
         model_config = ModelConfig.from_config(config)
         optimizer = make_optimizer(config.train)
-        step_fn = jax.jit(functools.partial(train_step, model_config=model_config,
-                                            optimizer=optimizer), donate_argnums=0)
-        eval_fn = jax.jit(functools.partial(loss_fn, model_config=model_config))
-        return cls(config, model_config, optimizer, step_fn, eval_fn)
+        mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+        sharding.check_fits(config, mesh)
+        rules = sharding.axis_rules(config)
+        param_sh = sharding.param_shardings(model_config, mesh, rules)
+        abstract = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
+        state_sh = TrainState(step=sharding.replicated(mesh), params=param_sh,
+                              opt_state=sharding.tree_shardings_like(abstract.opt_state,
+                                                                     param_sh, mesh))
+        batch_sh = sharding.batch_sharding(mesh, rules)
+        replicated = sharding.replicated(mesh)
+        step = sharding.constrained(functools.partial(train_step, model_config=model_config,
+                                                      optimizer=optimizer), mesh, rules)
+        step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                          out_shardings=(state_sh, replicated), donate_argnums=0)
+        loss = sharding.constrained(functools.partial(loss_fn, model_config=model_config),
+                                    mesh, rules)
+        eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated)
+        return cls(config, model_config, optimizer, mesh, rules, state_sh, batch_sh,
+                   step_fn, eval_fn)
+
+    def init(self, seed: int) -> TrainState:
+        """A fresh state, created directly in its shards (never whole on one device).
+
+        Traced without the mesh in scope: the out_shardings alone place every leaf, and
+        Flax's DenseGeneral would otherwise pin its flat [D, H*K] kernel with 3-axis names."""
+        init = lambda: init_state(self.model_config, self.optimizer, seed)  # noqa: E731
+        return jax.jit(init, out_shardings=self.state_sharding)()
 
     def abstract_state(self) -> TrainState:
-        return jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
+        """Shapes, dtypes and this mesh's shardings: the target a checkpoint restores onto."""
+        shapes = jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            shapes, self.state_sharding)
+
+    def batch(self, source, seed: int, split: str, index: int) -> dict:
+        """Batch `index` as global arrays; this process builds only the rows it holds."""
+        B, T = self.config.train.batch_size, self.config.model.max_seq_len
+        rows = sharding.process_rows(self.batch_sharding, B, T)
+        local = source.batch(seed, split, index, B, rows=rows)
+        return sharding.put_batch(local, self.batch_sharding, B)
 
 
 def evaluate(trainer: Trainer, params, source, seed: int) -> float:
     """Mean validation loss over a fixed set of held-out batches."""
     t = trainer.config.train
-    losses = [trainer.eval_fn(params, source.batch(seed, "val", i, t.batch_size))
+    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
               for i in range(t.eval_batches)]
     return float(np.mean(jax.device_get(losses)))
 
@@ -123,7 +167,8 @@ def resolve(config, tokenizer) -> None:
     """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
     if config.model.vocab_size == 0:
         config.model.vocab_size = tokenizer.vocab_size
-    elif config.model.vocab_size < tokenizer.vocab_size:
+    elif (config.model.vocab_size < tokenizer.vocab_size
+          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
@@ -138,26 +183,36 @@ def _check_same_model(config, saved: dict, workdir) -> None:
                           "use a new --workdir or the saved config")
 
 
-def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True):
-    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer)."""
-    config_lib.validate(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    latest = ckpts.latest_step()
+def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
+          mesh=None, stop_at: int | None = None):
+    """Trains (or resumes) the run in `workdir` on `mesh` (default: from config.mesh).
 
-    saved_tokenizer = None
+    Returns (state, tokenizer). On several processes every process calls this;
+    only process 0 logs and writes metrics, and orbax coordinates the checkpoint writes.
+    `stop_at` ends this invocation early at that step (with a checkpoint), as an interruption
+    would; running again continues the same schedule to `train.steps`.
+    """
+    config_lib.validate(config)
+    main_process = jax.process_index() == 0
+    if not main_process:
+        log, progress = (lambda _: None), False
+    workdir = Path(workdir)
+    latest, saved_tokenizer = None, None
+    if checkpoint.directory(workdir).is_dir():
+        latest = checkpoint.Checkpoints(workdir, read_only=True).latest_step()
     if latest is not None:
-        meta = ckpts.read_meta(latest)
+        meta = checkpoint.Checkpoints(workdir, read_only=True).read_meta(latest)
         _check_same_model(config, meta["config"], workdir)
         saved_tokenizer = data.tokenizers.from_json(meta["tokenizer"])
-    tokenizer, source = data.load(config, saved_tokenizer)
+    tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
 
-    trainer = Trainer.build(config)
+    trainer = Trainer.build(config, mesh)
     t = config.train
     if latest is None:
-        state = init_state(trainer.model_config, trainer.optimizer, t.seed)
+        state = trainer.init(t.seed)
     else:
         abstract = trainer.abstract_state()
         params, rest = ckpts.restore(latest, abstract.params,
@@ -165,15 +220,17 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         state = TrainState(rest["step"], params, rest["opt_state"])
         log(f"resuming from step {latest}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
+    log(sharding.describe(trainer.mesh))
 
     meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json()}
-    metrics_log = MetricsLog(workdir)
+    metrics_log = MetricsLog(workdir, enabled=main_process)
     start = int(state.step)
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
     meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
-    for step in range(start, t.steps):
-        state, metrics = trainer.step_fn(state, source.batch(t.seed, "train", step, t.batch_size))
+    end = t.steps if stop_at is None else min(stop_at, t.steps)
+    for step in range(start, end):
+        state, metrics = trainer.step_fn(state, trainer.batch(source, t.seed, "train", step))
         done, tokens_since_log = step + 1, tokens_since_log + tokens_per_step
         if done % t.log_every == 0 or done == t.steps:
             metrics = jax.device_get(metrics)  # the only host sync of a logging interval
@@ -190,13 +247,13 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
                 val_loss = evaluate(trainer, state.params, source, t.seed)
             metrics_log.write(step=done, val_loss=val_loss)
             bar.write(f"step {done}: val_loss {val_loss:.4f}")
-        if done % t.ckpt_every == 0 or done == t.steps:
+        if done % t.ckpt_every == 0 or done == end:
             with meter.paused():
                 ckpts.save(done, state.params, {"step": state.step, "opt_state": state.opt_state},
                            {**meta, "step": done})
     bar.close()
     ckpts.wait()
     ckpts.close()
-    if start < t.steps:
-        log(f"trained steps {start}..{t.steps} in {time.perf_counter() - started:.1f}s")
+    if start < end:
+        log(f"trained steps {start}..{end} in {time.perf_counter() - started:.1f}s")
     return state, tokenizer
