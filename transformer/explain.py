@@ -90,14 +90,20 @@ def _matrix(name, x, rows, cols=None):
 
 
 def report(ref: dict, ours: dict, labels: list[str], layer: int, head: int,
-           model_config: ModelConfig) -> str:
+           model_config: ModelConfig, max_dims: int = 8) -> str:
+    """The steps as text. Q, K, V and the output show their first `max_dims` dimensions; the
+    scores use all of them."""
     d_k = ref["q"].shape[1]
     rows = [f"{t} {s}" for t, s in enumerate(labels)]
-    dims = [f"d{i}" for i in range(d_k)]
+    shown = min(d_k, max_dims)
+    dims = [f"d{i}" for i in range(shown)]
+    difference = max_difference(ref, ours)
+    ref = {**ref, **{k: ref[k][:, :shown] for k in ("q", "k", "v", "out")}}
     rope = " (already rotated by RoPE)" if model_config.position == "rope" else ""
     window = model_config.sliding_window
     parts = [
-        f"layer {layer}, head {head}: d_k = {d_k}, T = {len(labels)} tokens{rope}",
+        f"layer {layer}, head {head}: d_k = {d_k}, T = {len(labels)} tokens{rope}"
+        + (f" (Q, K, V shown: dims 0..{shown - 1} of {d_k})" if shown < d_k else ""),
         _matrix("1. Q = x W_Q: what each position looks for", ref["q"], rows, dims),
         _matrix("2. K = x W_K: what each position offers to be found by", ref["k"], rows, dims),
         _matrix("3. V = x W_V: what each position passes on when attended to", ref["v"], rows,
@@ -114,7 +120,7 @@ def report(ref: dict, ours: dict, labels: list[str], layer: int, head: int,
                 ref["out"], rows, dims),
         "The heads' outputs are then concatenated and multiplied by W_O (model.py).",
         f"check: attention.dot_product_attention and the model's sown weights vs this NumPy "
-        f"arithmetic: max |difference| = {max_difference(ref, ours):.2e} "
+        f"arithmetic: max |difference| = {difference:.2e} "
         f"(tolerance {TOLERANCE:.0e})",
     ]
     return "\n\n".join(parts)
@@ -139,7 +145,8 @@ def main(argv):
     if not 0 <= f.head < model_config.n_heads:
         cli.fail(f"--head={f.head}: the model has heads 0..{model_config.n_heads - 1}")
     ref, ours = explain(model_config, params, tokens, f.layer, f.head)
-    print(report(ref, ours, token_labels(tokenizer, tokens), f.layer, f.head, model_config))
+    print(report(ref, ours, token_labels(tokenizer, tokens), f.layer, f.head, model_config,
+                 f.dims))
     if max_difference(ref, ours) > TOLERANCE:
         cli.fail("the project's attention disagrees with the NumPy arithmetic", status=1)
 
@@ -149,4 +156,5 @@ if __name__ == "__main__":
     flags.DEFINE_string("text", "hello", "A short text (a handful of tokens).")
     flags.DEFINE_integer("layer", 0, "Which layer.")
     flags.DEFINE_integer("head", 0, "Which head.")
+    flags.DEFINE_integer("dims", 8, "How many dimensions of Q, K, V to print.")
     cli.run(main)

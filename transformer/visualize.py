@@ -37,7 +37,10 @@ def load_run(workdir, step=None):
         raise checkpoint.CheckpointError(f"{workdir}: no checkpoint yet; train first")
     meta = ckpts.read_meta(step)
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    abstract = jax.eval_shape(lambda: init_params(model_config, jax.random.key(0)))
+    # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
     params, _ = ckpts.restore(step, abstract)
     return model_config, params, tokenizers.from_json(meta["tokenizer"]), step
 
