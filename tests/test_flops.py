@@ -25,7 +25,12 @@ SMALL = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256,
                 scan_layers=True),
     ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=1, d_ff=16, max_seq_len=8,
                 tie_embeddings=False, scan_layers=True, remat="block"),
-], ids=["tied", "untied", "scanned", "untied-scanned-remat"])
+    ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=96, max_seq_len=16,
+                position="rope", norm="rmsnorm", mlp="swiglu", n_kv_heads=2),
+    ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=16,
+                norm_placement="post", mlp="relu", n_kv_heads=1, tie_embeddings=False),
+], ids=["tied", "untied", "scanned", "untied-scanned-remat", "rope-rms-swiglu-gqa",
+        "post-relu-mqa-untied"])
 def test_counts_equal_the_initialised_parameters(config):
     real = count_params(init_params(config, jax.random.key(0)))
     assert flops.param_counts(config)["total"] == real

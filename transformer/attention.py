@@ -2,13 +2,20 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V
 
-Shapes: B batch, H heads, T query positions, S key positions, K head dim (d_k).
+Shapes: B batch, H query heads, G key/value heads (H = G·R: R query heads share one K/V
+head; G = H is multi-head, 1 < G < H grouped-query, G = 1 multi-query attention), T query
+positions, S key positions, K head dim (d_k).
 The scores and the softmax run in float32 whatever the compute dtype: a bfloat16 softmax
 over a long row loses the small weights.
+
+Two kernels compute the same thing: `dot_product_attention` (einsums written out, returns
+the weights too, so they can be looked at) and `jax_attention` (`jax.nn.dot_product_attention`,
+which runs cuDNN flash attention on a GPU and never materialises the weights there).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 # A large negative number rather than -inf: a row with every key masked (a padding slot)
@@ -16,39 +23,61 @@ import jax.numpy as jnp
 MASKED = -1e30
 
 
-def causal_mask(T: int) -> jnp.ndarray:
-    """mask_1x1xTxT[i, j] = True where query i may see key j, i.e. j <= i."""
-    return jnp.tril(jnp.ones((T, T), dtype=bool))[None, None]
+def causal_mask(T: int, window: int = 0) -> jnp.ndarray:
+    """mask_1x1xTxT[i, j] = True where query i may see key j: j <= i, and with a sliding
+    window w > 0 also i - j < w (the last w positions, itself included)."""
+    i_T1, j_1T = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
+    mask_TxT = j_1T <= i_T1
+    if window:
+        mask_TxT &= i_T1 - j_1T < window
+    return mask_TxT[None, None]
 
 
-def cache_mask(start_B: jnp.ndarray, index, T: int, S: int) -> jnp.ndarray:
+def cache_mask(start_B: jnp.ndarray, index, T: int, S: int, window: int = 0) -> jnp.ndarray:
     """Which cache slots each new query may see.
 
     The T new tokens sit in slots index .. index+T-1 of an S-slot cache. Row b's prompt was
     left-padded, so its real tokens start at slot start_B[b]. Query t sees slot j when
-    start_B[b] <= j <= index + t: filled, not padding, not in the future.
-    Returns mask_Bx1xTxS.
+    start_B[b] <= j <= index + t: filled, not padding, not in the future; with a sliding
+    window w > 0 also index + t - j < w. Returns mask_Bx1xTxS.
     """
     slot_S = jnp.arange(S)
     query_slot_T = index + jnp.arange(T)
     filled_TxS = slot_S[None, :] <= query_slot_T[:, None]
+    if window:
+        filled_TxS &= query_slot_T[:, None] - slot_S[None, :] < window
     real_BxS = slot_S[None, :] >= start_B[:, None]
     return (filled_TxS[None] & real_BxS[:, None])[:, None]
 
 
-def dot_product_attention(q_BHTK, k_BHSK, v_BHSK, mask_BHTS):
+def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
     """softmax(Q K^T / sqrt(d_k)) V, with masked scores set to MASKED before the softmax.
 
-    Returns (out_BHTK, weights_BHTS); the weights are float32 and rows sum to 1.
+    Query head h reads key/value head h // R (R = H / G). Returns (out_BHTK, weights_BHTS);
+    the weights are float32 and rows sum to 1.
     """
-    d_k = q_BHTK.shape[-1]
-    scores_BHTS = jnp.einsum("bhtk,bhsk->bhts", q_BHTK, k_BHSK,
-                             preferred_element_type=jnp.float32)
-    scores_BHTS = scores_BHTS / jnp.sqrt(jnp.float32(d_k))
+    B, H, T, d_k = q_BHTK.shape
+    G = k_BGSK.shape[1]
+    q_BGRTK = q_BHTK.reshape(B, G, H // G, T, d_k)  # head h = g·R + r
+    scores_BGRTS = jnp.einsum("bgrtk,bgsk->bgrts", q_BGRTK, k_BGSK,
+                              preferred_element_type=jnp.float32)
+    scores_BHTS = scores_BGRTS.reshape(B, H, T, -1) / jnp.sqrt(jnp.float32(d_k))
     scores_BHTS = jnp.where(mask_BHTS, scores_BHTS, MASKED)
     weights_BHTS = softmax(scores_BHTS)
-    out_BHTK = jnp.einsum("bhts,bhsk->bhtk", weights_BHTS.astype(v_BHSK.dtype), v_BHSK)
-    return out_BHTK, weights_BHTS
+    weights_BGRTS = weights_BHTS.reshape(scores_BGRTS.shape).astype(v_BGSK.dtype)
+    out_BGRTK = jnp.einsum("bgrts,bgsk->bgrtk", weights_BGRTS, v_BGSK)
+    return out_BGRTK.reshape(B, H, T, d_k), weights_BHTS
+
+
+def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
+    """The same as `dot_product_attention` through `jax.nn.dot_product_attention` (which
+    handles G < H itself). Returns out_BHTK only: the weights are never formed on GPU."""
+    # jax.nn.dot_product_attention takes [batch, length, heads, head_dim].
+    q_BTHK, k_BSGK, v_BSGK = (x.transpose(0, 2, 1, 3) for x in (q_BHTK, k_BGSK, v_BGSK))
+    mask_BHTS = jnp.broadcast_to(mask_BHTS, (q_BHTK.shape[0], q_BHTK.shape[1],
+                                             q_BHTK.shape[2], k_BGSK.shape[2]))
+    out_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSGK, v_BSGK, mask=mask_BHTS)
+    return out_BTHK.transpose(0, 2, 1, 3)
 
 
 def softmax(x):

@@ -21,6 +21,11 @@ import ml_collections
 
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "block", "dots")
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post")
+MLPS = ("relu", "gelu", "swiglu")
+ATTENTION_KERNELS = ("einsum", "jax")
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -44,6 +49,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
     c.model.scan_layers = False     # nn.scan over blocks: stacked params, faster compile
     c.model.remat = "none"          # none | block | dots: what the backward pass recomputes
+    # Architecture variants (docs/README-inside.md); the defaults are GPT-2's design.
+    c.model.position = "learned"    # learned (a table P[t] added to x) | rope (rotary Q and K)
+    c.model.norm = "layernorm"      # layernorm | rmsnorm
+    c.model.norm_placement = "pre"  # pre: x + f(norm(x)) | post: norm(x + f(x)), the original
+    c.model.mlp = "gelu"            # relu | gelu | swiglu (gated; hidden 2/3 d_ff, see mlp_hidden)
+    c.model.n_kv_heads = 0          # K/V heads: 0 = n_heads (multi-head), 1 = multi-query,
+                                    # else grouped-query (must divide n_heads)
+    c.model.sliding_window = 0      # 0: full causal attention; w: attend to the last w positions
+    c.model.attention_kernel = "einsum"  # einsum (reference) | jax (jax.nn.dot_product_attention)
 
     c.data = ml_collections.ConfigDict()
     c.data.corpus = "stdlib"        # stdlib | copy | random | a path to a text file or folder
@@ -116,10 +130,31 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: str = "none"
+    position: str = "learned"
+    norm: str = "layernorm"
+    norm_placement: str = "pre"
+    mlp: str = "gelu"
+    n_kv_heads: int = 0
+    sliding_window: int = 0
+    attention_kernel: str = "einsum"
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """How many K/V heads attention (and the KV cache) has; n_kv_heads=0 means n_heads."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's hidden width. SwiGLU has three matrices (gate, up, down) instead of two, so
+        it gets 2/3 of d_ff, rounded to a multiple of 8: 3·D·(2F/3) = 2·D·F parameters, as
+        many as the GELU and ReLU MLPs have."""
+        if self.mlp == "swiglu":
+            return max(8, 8 * round(2 * self.d_ff / 3 / 8))
+        return self.d_ff
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
@@ -167,6 +202,22 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             _fail(f"model.{field}", m[field], f"must be one of {', '.join(DTYPES)}")
     if m.remat not in REMAT:
         _fail("model.remat", m.remat, f"must be one of {', '.join(REMAT)}")
+    for field, choices in (("position", POSITIONS), ("norm", NORMS),
+                           ("norm_placement", NORM_PLACEMENTS), ("mlp", MLPS),
+                           ("attention_kernel", ATTENTION_KERNELS)):
+        if m[field] not in choices:
+            _fail(f"model.{field}", m[field], f"must be one of {', '.join(choices)}")
+    if m.n_kv_heads < 0 or (m.n_kv_heads and m.n_heads % m.n_kv_heads):
+        divisors = [k for k in range(1, m.n_heads + 1) if m.n_heads % k == 0]
+        _fail("model.n_kv_heads", m.n_kv_heads,
+              f"must divide model.n_heads={m.n_heads}: one of {divisors}, or 0 for n_heads")
+    if m.sliding_window < 0:
+        _fail("model.sliding_window", m.sliding_window,
+              "must be >= 0 (0: full causal attention; w: the last w positions)")
+    if m.position == "rope" and (m.d_model // m.n_heads) % 2:
+        _fail("model.position", m.position,
+              f"rope rotates pairs of dimensions, so the head dim d_model/n_heads="
+              f"{m.d_model // m.n_heads} must be even: change model.d_model or model.n_heads")
 
     if d.tokenizer not in ("byte", "char", "bpe"):
         _fail("data.tokenizer", d.tokenizer, "must be byte, char or bpe")

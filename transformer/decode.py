@@ -1,6 +1,6 @@
 """Generation: one prefill pass over the prompts, then a `lax.scan` that emits one token per step.
 
-    cache  = zeros [B, H, S, K] per layer               preallocated, fixed shape
+    cache  = zeros [B, G, S, K] per layer               preallocated, fixed shape (G K/V heads)
     logits = model(prompts, cache)                       prefill: write the whole prompt
     repeat max_new_tokens - 1 times (lax.scan):
       token  = sample(logits[:, -1])                     greedy / temperature / top-k / top-p
@@ -124,7 +124,7 @@ def sharded_program(config: ModelConfig, max_new_tokens: int, mesh, rules, batch
     generate_fn = jax.jit(sharding.constrained(program, mesh, rules),
                           in_shardings=(param_sh, cache_sh) + (rep,) * 7,
                           out_shardings=(rep, cache_sh), donate_argnums=1)
-    empty = functools.partial(kvcache.init_cache, batch, config.n_layers, config.n_heads,
+    empty = functools.partial(kvcache.init_cache, batch, config.n_layers, config.kv_heads,
                               config.max_seq_len, config.head_dim, jnp.dtype(config.dtype))
     cache_fn = jax.jit(empty, out_shardings=cache_sh)
     return generate_fn, cache_fn, param_sh
@@ -132,7 +132,7 @@ def sharded_program(config: ModelConfig, max_new_tokens: int, mesh, rules, batch
 
 @functools.partial(jax.jit, static_argnames=("config", "batch"))
 def new_cache(*, config: ModelConfig, batch: int):
-    return kvcache.init_cache(batch, config.n_layers, config.n_heads, config.max_seq_len,
+    return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
                               config.head_dim, jnp.dtype(config.dtype))
 
 

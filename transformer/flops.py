@@ -9,10 +9,10 @@
 
 The counts follow `model.py` layer by layer (D d_model, K head dim, H query heads, G key/value
 heads, F MLP width, V vocabulary, T context, L layers):
-    token embedding  V·D            position embedding  T·D
+    token embedding  V·D            position embedding  T·D (none with RoPE)
     attention        Q: D·H·K + H·K   K, V: D·G·K + G·K each   O: H·K·D + D
-    MLP              D·F + F  +  F·D + D
-    norms            2·2D per block, 2D final
+    MLP              D·F + F  +  F·D + D   (SwiGLU: a third matrix, F = 2/3 d_ff)
+    norms            2 per block, 1 final (pre-norm only); 2D each (LayerNorm) or D (RMSNorm)
     head             V·D, only when untied (tied: logits = h·E^T reuse the embedding)
 `tests/test_flops.py` checks these against the real initialised parameters.
 
@@ -32,24 +32,38 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def n_kv_heads(c) -> int:
-    """Key/value heads. Equals n_heads today; grouped-query attention will set fewer, and
-    every count below (K and V projections, KV cache) already goes through this."""
-    return getattr(c, "n_kv_heads", None) or c.n_heads
+    """Key/value heads: n_heads, or fewer with grouped-query / multi-query attention."""
+    return c.kv_heads
+
+
+def _mlp_params(c) -> int:
+    """relu / gelu: D·F + F + F·D + D. swiglu: gate and up D·F' + F' each, down F'·D + D,
+    with F' = ModelConfig.mlp_hidden (about 2/3 of d_ff)."""
+    D, F = c.d_model, c.mlp_hidden
+    matrices = 3 if c.mlp == "swiglu" else 2
+    return (matrices - 1) * (D * F + F) + F * D + D
+
+
+def _norm_params(c) -> int:
+    """Per-block norms plus the final one (pre-norm only). LayerNorm: scale and bias;
+    RMSNorm: scale only."""
+    per_norm = c.d_model * (1 if c.norm == "rmsnorm" else 2)
+    return (c.n_layers * 2 + (1 if c.norm_placement == "pre" else 0)) * per_norm
 
 
 def param_counts(c) -> dict:
     """Parameters by component, plus `total` and `non_embedding` (Kaplan's N: everything but
     the token and position embeddings; an untied head counts as embedding too)."""
-    D, K, H, G, F, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.d_ff, c.n_layers
+    D, K, H, G, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.n_layers
     counts = {
         "token_embedding": c.vocab_size * D,
-        "position_embedding": c.max_seq_len * D,
+        "position_embedding": c.max_seq_len * D if c.position == "learned" else 0,
         "attention_q": L * (D * H * K + H * K),
         "attention_k": L * (D * G * K + G * K),
         "attention_v": L * (D * G * K + G * K),
         "attention_o": L * (H * K * D + D),
-        "mlp": L * (D * F + F + F * D + D),
-        "norms": L * 2 * 2 * D + 2 * D,
+        "mlp": L * _mlp_params(c),
+        "norms": _norm_params(c),
         "head": 0 if c.tie_embeddings else c.vocab_size * D,
     }
     embedding = counts["token_embedding"] + counts["position_embedding"] + counts["head"]
@@ -60,15 +74,19 @@ def param_counts(c) -> dict:
 
 def matmul_weights(c) -> int:
     """Weights that take part in a matmul per token: every block's kernels plus the head."""
-    D, K, H, G, F, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.d_ff, c.n_layers
-    per_block = D * H * K + 2 * D * G * K + H * K * D + 2 * D * F
+    D, K, H, G, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.n_layers
+    F, matrices = c.mlp_hidden, (3 if c.mlp == "swiglu" else 2)
+    per_block = D * H * K + 2 * D * G * K + H * K * D + matrices * D * F
     return L * per_block + c.vocab_size * D
 
 
 def attention_flops_per_token(c, context: int | None = None) -> float:
-    """Forward FLOPs of Q·K^T and weights·V per token, causal: (T+1)/2 keys on average."""
+    """Forward FLOPs of Q·K^T and weights·V per token, causal: (T+1)/2 keys on average
+    (with a sliding window w, query t sees min(t+1, w) keys)."""
     T = c.max_seq_len if context is None else context
-    return c.n_layers * 2 * 2 * c.n_heads * c.head_dim * (T + 1) / 2
+    w = c.sliding_window
+    keys = (T + 1) / 2 if not w or w >= T else (w * (w + 1) / 2 + (T - w) * w) / T
+    return c.n_layers * 2 * 2 * c.n_heads * c.head_dim * keys
 
 
 def forward_flops_per_token(c, context: int | None = None) -> float:

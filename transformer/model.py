@@ -6,13 +6,24 @@
       x    = x + W_2 · GELU(LN(x) W_1)                 the MLP: expand, non-linearity, project back
     logits = LN(x) E^T                                 output head tied to the embedding
 
-Shapes: B batch, T positions, D d_model, H heads, K head dim (D = H·K), F MLP width,
-V vocabulary, S cache slots, L layers. Parameters carry logical axis names (`embed`,
-`heads`, `mlp`, `vocab`, ...) that `sharding.py` maps onto a device mesh.
+That is the default (GPT-2's design). The parts can be swapped by config (docs/README-inside.md):
+    model.position=rope          no P; Q and K are rotated by their positions (rope.py)
+    model.norm=rmsnorm           RMSNorm(x) = x / rms(x) · g instead of LayerNorm
+    model.norm_placement=post    x = LN(x + Attention(x)); x = LN(x + MLP(x)); no final LN
+    model.mlp=relu|swiglu        W_2 · ReLU(x W_1)  or  W_2 · (SiLU(x W_gate) ⊙ x W_1)
+    model.n_kv_heads=G           G key/value heads shared by groups of query heads
+    model.sliding_window=w       each position attends to the last w positions only
+    model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums
+
+Shapes: B batch, T positions, D d_model, H heads, G key/value heads, K head dim (D = H·K),
+F MLP width, V vocabulary, S cache slots, L layers. Parameters carry logical axis names
+(`embed`, `heads`, `mlp`, `vocab`, ...) that `sharding.py` maps onto a device mesh.
 
 The same module runs training (tokens → logits) and cached generation (tokens + KV cache →
 logits + updated cache); the cached path always runs the blocks unrolled so that each layer
-has its own cache arrays (see `unstack_layers`).
+has its own cache arrays (see `unstack_layers`). Attention weights, queries, keys and values
+are sown into the `intermediates` collection (`apply(..., mutable=["intermediates"])`), which
+is how visualize.py and explain.py look inside.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention, kvcache
+from transformer import attention, kvcache, rope
 from transformer.config import ModelConfig
 
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
@@ -49,9 +60,13 @@ def _logical(init, names):
     return boxed
 
 
-def _norm(name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=1e-5, name=name,
-                        scale_init=_logical(nn.initializers.ones, ("embed",)),
+def _norm(config: ModelConfig, name: str) -> nn.Module:
+    """LayerNorm: (x - mean) / std · g + b.  RMSNorm: x / sqrt(mean(x²)) · g (no centring,
+    no bias: cheaper, and works as well in practice)."""
+    scale_init = _logical(nn.initializers.ones, ("embed",))
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(epsilon=1e-5, name=name, scale_init=scale_init)
+    return nn.LayerNorm(epsilon=1e-5, name=name, scale_init=scale_init,
                         bias_init=_logical(nn.initializers.zeros, ("embed",)))
 
 
@@ -61,31 +76,40 @@ class CausalSelfAttention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, mask, cache=None, index=None):
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
         c = self.config
-        H, K = c.n_heads, c.head_dim
+        H, G, K = c.n_heads, c.kv_heads, c.head_dim
         dense = functools.partial(nn.DenseGeneral, dtype=c.dtype, param_dtype=c.param_dtype)
         init = nn.initializers.normal(INIT_STD)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
 
-        def project(name):
-            return dense((H, K), name=name,
-                         kernel_init=_logical(init, ("embed", "heads", "head_dim")),
-                         bias_init=_logical(nn.initializers.zeros, ("heads", "head_dim")))
+        def project(name, heads, axis):
+            return dense((heads, K), name=name,
+                         kernel_init=_logical(init, ("embed", axis, "head_dim")),
+                         bias_init=_logical(nn.initializers.zeros, (axis, "head_dim")))
 
-        # Each position asks (Q), advertises (K) and offers (V); one set per head.
-        q_BHTK = project("query")(x_BTD).transpose(0, 2, 1, 3)
-        k_BHTK = project("key")(x_BTD).transpose(0, 2, 1, 3)
-        v_BHTK = project("value")(x_BTD).transpose(0, 2, 1, 3)
+        # Each position asks (Q), advertises (K) and offers (V); Q has H heads, K and V have G.
+        kv_axis = "heads" if G == H else "kv_heads"
+        q_BHTK = project("query", H, "heads")(x_BTD).transpose(0, 2, 1, 3)
+        k_BGTK = project("key", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        v_BGTK = project("value", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        if c.position == "rope":  # rotate by absolute position: scores see only p - s
+            q_BHTK = rope.apply(q_BHTK, positions_BT)
+            k_BGTK = rope.apply(k_BGTK, positions_BT)
+        for name, value in (("queries", q_BHTK), ("keys", k_BGTK), ("values", v_BGTK)):
+            self.sow("intermediates", name, value)
 
         if cache is not None:  # generation: keys and values of earlier tokens come from the cache
-            cache = kvcache.write(cache, k_BHTK, v_BHTK, index)
-            k_BHSK, v_BHSK = cache["k"], cache["v"]
+            cache = kvcache.write(cache, k_BGTK, v_BGTK, index)
+            k_BGSK, v_BGSK = cache["k"], cache["v"]
         else:
-            k_BHSK, v_BHSK = k_BHTK, v_BHTK
+            k_BGSK, v_BGSK = k_BGTK, v_BGTK
 
-        out_BHTK, weights_BHTS = attention.dot_product_attention(q_BHTK, k_BHSK, v_BHSK, mask)
-        self.sow("intermediates", "attention_weights", weights_BHTS)
+        if c.attention_kernel == "jax":
+            out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+        else:
+            out_BHTK, weights_BHTS = attention.dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+            self.sow("intermediates", "attention_weights", weights_BHTS)
 
         # Concatenating the heads and applying W_O is one contraction over (H, K).
         y_BTD = dense(c.d_model, axis=(-2, -1), name="out",
@@ -96,36 +120,56 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: D → F, GELU, F → D."""
+    """Position-wise feed-forward: D → F, non-linearity, F → D.
+
+    relu / gelu: W_2 · act(x W_1).  swiglu (Shazeer 2020): W_2 · (SiLU(x W_gate) ⊙ x W_1), with
+    F = `ModelConfig.mlp_hidden` = 2/3 · d_ff (rounded to a multiple of 8) so that its three
+    matrices hold about as many parameters as the other MLPs' two.
+    """
 
     config: ModelConfig
 
     @nn.compact
     def __call__(self, x_BTD):
         c = self.config
-        dense = functools.partial(nn.Dense, dtype=c.dtype, param_dtype=c.param_dtype)
-        h_BTF = dense(c.d_ff, name="expand",
-                      kernel_init=_logical(nn.initializers.normal(INIT_STD), ("embed", "mlp")),
-                      bias_init=_logical(nn.initializers.zeros, ("mlp",)))(x_BTD)
+        F = c.mlp_hidden
+        dense = functools.partial(nn.Dense, F, dtype=c.dtype, param_dtype=c.param_dtype,
+                                  kernel_init=_logical(nn.initializers.normal(INIT_STD),
+                                                       ("embed", "mlp")),
+                                  bias_init=_logical(nn.initializers.zeros, ("mlp",)))
+        h_BTF = dense(name="expand")(x_BTD)
         h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp"))
-        h_BTF = jax.nn.gelu(h_BTF, approximate=True)
+        if c.mlp == "swiglu":
+            h_BTF = jax.nn.silu(dense(name="gate")(x_BTD)) * h_BTF
+        elif c.mlp == "relu":
+            h_BTF = jax.nn.relu(h_BTF)
+        else:
+            h_BTF = jax.nn.gelu(h_BTF, approximate=True)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
-        return dense(c.d_model, name="project",
-                     kernel_init=_logical(out_init, ("mlp", "embed")),
-                     bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
+        return nn.Dense(c.d_model, name="project", dtype=c.dtype, param_dtype=c.param_dtype,
+                        kernel_init=_logical(out_init, ("mlp", "embed")),
+                        bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+    """One transformer block. Pre-norm: x + Attn(N(x)), then x + MLP(N(x)).
+    Post-norm (the original): N(x + Attn(x)), then N(x + MLP(x))."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, mask, cache=None, index=None):
-        h_BTD, cache = CausalSelfAttention(self.config, name="attn")(
-            _norm("ln_attn")(x_BTD), mask, cache, index)
-        x_BTD = x_BTD + h_BTD
-        x_BTD = x_BTD + MLP(self.config, name="mlp")(_norm("ln_mlp")(x_BTD))
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
+        c = self.config
+        attn, mlp = CausalSelfAttention(c, name="attn"), MLP(c, name="mlp")
+        norm_attn, norm_mlp = _norm(c, "ln_attn"), _norm(c, "ln_mlp")
+        if c.norm_placement == "pre":
+            h_BTD, cache = attn(norm_attn(x_BTD), mask, positions_BT, cache, index)
+            x_BTD = x_BTD + h_BTD
+            x_BTD = x_BTD + mlp(norm_mlp(x_BTD))
+        else:
+            h_BTD, cache = attn(x_BTD, mask, positions_BT, cache, index)
+            x_BTD = norm_attn(x_BTD + h_BTD)
+            x_BTD = norm_mlp(x_BTD + mlp(x_BTD))
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
         return x_BTD, cache
 
@@ -159,24 +203,28 @@ class GPT(nn.Module):
                          name="embed",
                          embedding_init=_logical(nn.initializers.normal(INIT_STD),
                                                  ("vocab", "embed")))
-        pos_embed = self.param("pos_embed",
-                               _logical(nn.initializers.normal(INIT_STD / 2), ("length", "embed")),
-                               (c.max_seq_len, c.d_model), c.param_dtype)
-        x_BTD = embed(tokens_BT) + jnp.take(pos_embed, positions_BT, axis=0).astype(c.dtype)
+        x_BTD = embed(tokens_BT)
+        if c.position == "learned":  # with rope, positions enter inside attention instead
+            pos_embed = self.param("pos_embed", _logical(nn.initializers.normal(INIT_STD / 2),
+                                                         ("length", "embed")),
+                                   (c.max_seq_len, c.d_model), c.param_dtype)
+            x_BTD = x_BTD + jnp.take(pos_embed, positions_BT, axis=0).astype(c.dtype)
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
 
         if cache is None:
-            mask = attention.causal_mask(T)
-            x_BTD = self._blocks(x_BTD, mask)
+            mask = attention.causal_mask(T, c.sliding_window)
+            x_BTD = self._blocks(x_BTD, mask, positions_BT)
             new_cache = None
         else:
-            mask = attention.cache_mask(start_B, index, T, c.max_seq_len)
+            mask = attention.cache_mask(start_B, index, T, c.max_seq_len, c.sliding_window)
             new_cache = []
             for i, layer_cache in enumerate(cache):
-                x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, layer_cache, index)
+                x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, positions_BT,
+                                                                 layer_cache, index)
                 new_cache.append(layer_cache)
 
-        h_BTD = _norm("ln_final")(x_BTD)
+        # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.
+        h_BTD = _norm(c, "ln_final")(x_BTD) if c.norm_placement == "pre" else x_BTD
         if c.tie_embeddings:
             logits_BTV = embed.attend(h_BTD)
         else:
@@ -187,7 +235,7 @@ class GPT(nn.Module):
         logits_BTV = logits_BTV.astype(jnp.float32)
         return logits_BTV if cache is None else (logits_BTV, new_cache)
 
-    def _blocks(self, x_BTD, mask):
+    def _blocks(self, x_BTD, mask, positions_BT):
         c = self.config
         block = Block
         if c.remat != "none":
@@ -196,12 +244,12 @@ class GPT(nn.Module):
             # One block body, its parameters stacked along a leading `layers` axis.
             stack = nn.scan(block, length=c.n_layers,
                             variable_axes={"params": 0, "intermediates": 0},
-                            split_rngs={"params": True}, in_axes=(nn.broadcast,),
+                            split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            x_BTD, _ = stack(c, name="blocks")(x_BTD, mask)
+            x_BTD, _ = stack(c, name="blocks")(x_BTD, mask, positions_BT)
             return x_BTD
         for i in range(c.n_layers):
-            x_BTD, _ = block(c, name=f"block_{i}")(x_BTD, mask)
+            x_BTD, _ = block(c, name=f"block_{i}")(x_BTD, mask, positions_BT)
         return x_BTD
 
 

@@ -35,6 +35,7 @@ BATCH_AXES = ("batch", "length")
 
 # A logical axis and the config field that sets its size: checked for divisibility at start-up.
 _SIZED_AXES = (("batch", "train.batch_size"), ("heads", "model.n_heads"),
+               ("kv_heads", "model.n_kv_heads"), ("cache_heads", "model.n_kv_heads"),
                ("embed", "model.d_model"), ("mlp", "model.d_ff"),
                ("vocab", "model.vocab_size"), ("length", "model.max_seq_len"))
 

@@ -149,7 +149,11 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
     """`python -m transformer.inspect`'s report for this run, then what it trains on."""
     t = config.train
     model_config = ModelConfig.from_config(config)
-    lines = [inspect.summary(model_config, batch=t.batch_size, check=False)]
+    m = config.model
+    window = f", window {m.sliding_window}" if m.sliding_window else ""
+    lines = [inspect.summary(model_config, batch=t.batch_size, check=False),
+             f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
+             f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
     counted, real = flops.param_counts(model_config)["total"], count_params(params)
     if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
         lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")

@@ -1,0 +1,62 @@
+"""explain.py: its numbers are the project's attention, and they match NumPy's arithmetic."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from transformer import explain
+from transformer.config import ModelConfig
+from transformer.model import init_params
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+
+
+@pytest.mark.parametrize("kw,layer,head", [
+    ({}, 0, 0),
+    (dict(position="rope", n_kv_heads=2, sliding_window=3, norm_placement="post"), 1, 3),
+])
+def test_project_attention_matches_numpy(kw, layer, head):
+    config = dataclasses.replace(SMALL, **kw)
+    params = init_params(config, jax.random.key(0))
+    ref, ours = explain.explain(config, params, list(b"hello!"), layer, head)
+    assert explain.max_difference(ref, ours) < explain.TOLERANCE
+    np.testing.assert_allclose(ref["weights"].sum(1), 1.0)
+    np.testing.assert_allclose(ref["scaled"], ref["scores"] / np.sqrt(config.head_dim))
+    assert np.isneginf(ref["masked"][0, 1:]).all()
+
+
+def test_numpy_steps_against_hand_computed_numbers():
+    """Two positions, d_k = 4: the second query sees both keys with softmax([0, 1]) weights."""
+    q = np.array([[0.0, 0, 0, 0], [2.0, 0, 0, 0]])
+    k = np.array([[0.0, 0, 0, 0], [1.0, 0, 0, 0]])
+    v = np.array([[1.0, 0, 0, 0], [0.0, 1, 0, 0]])
+    ref = explain.numpy_steps(q, k, v)
+    w = np.exp(1.0) / (1 + np.exp(1.0))  # scaled score 2·1/√4 = 1
+    np.testing.assert_allclose(ref["weights"], [[1, 0], [1 - w, w]])
+    np.testing.assert_allclose(ref["out"][1], [1 - w, w, 0, 0])
+    ours = explain.project_steps(q.astype(np.float32), k.astype(np.float32),
+                                 v.astype(np.float32))
+    np.testing.assert_allclose(ours["weights"], ref["weights"], atol=1e-6)
+
+
+def test_cli_prints_every_step_and_the_check():
+    result = subprocess.run([sys.executable, "-m", "transformer.explain", "--text=abc",
+                             "--head=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    for step in ("1. Q", "2. K", "3. V", "4. scores", "5. scaled", "6. causal mask",
+                 "7. weights", "8. output", "max |difference|"):
+        assert step in result.stdout
+    diff = float(result.stdout.split("max |difference| = ")[1].split()[0])
+    assert diff < explain.TOLERANCE
+
+
+def test_cli_refuses_a_long_text():
+    result = subprocess.run([sys.executable, "-m", "transformer.explain", "--text=" + "x" * 40],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.startswith("error:")

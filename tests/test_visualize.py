@@ -1,0 +1,90 @@
+"""visualize.py: the weights it plots are the model's own, and the CLI writes the images."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import checkpoint, config as config_lib
+from transformer.config import ModelConfig, base_config
+from transformer.data import tokenizers
+from transformer.model import init_params, stack_layers
+from transformer.visualize import look_inside, token_labels
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(sliding_window=3, n_kv_heads=2, position="rope",
+                                          attention_kernel="jax")])
+def test_weights_sum_to_one_over_visible_keys_and_are_zero_on_masked(kw):
+    config = dataclasses.replace(SMALL, **kw)
+    params = init_params(config, jax.random.key(0))
+    tokens = list(range(40, 52))
+    weights_LHTT, logits_TV, _ = look_inside(config, params, tokens)
+    T = len(tokens)
+    assert weights_LHTT.shape == (config.n_layers, config.n_heads, T, T)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    visible = (j <= i) & ((i - j < config.sliding_window) if config.sliding_window else True)
+    np.testing.assert_allclose(weights_LHTT.sum(-1), 1.0, atol=1e-5)
+    assert np.all(weights_LHTT[..., ~visible] == 0.0)
+    assert np.all(weights_LHTT[..., visible] > 0.0)
+    assert logits_TV.shape == (T, config.vocab_size)
+
+
+def test_scanned_params_give_the_same_maps():
+    params = init_params(SMALL, jax.random.key(0))
+    scanned = dataclasses.replace(SMALL, scan_layers=True)
+    a, _, _ = look_inside(SMALL, params, [1, 2, 3, 4])
+    b, _, _ = look_inside(scanned, stack_layers(params, SMALL.n_layers), [1, 2, 3, 4])
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_token_labels_are_printable():
+    labels = token_labels(tokenizers.ByteTokenizer(), list(b"a b\n\t\x00"))
+    assert all(label and label.isprintable() for label in labels)
+    assert labels[:3] == ["a", "·", "b"]
+
+
+def _fake_run(workdir: Path):
+    """A checkpoint as training writes it (untrained params), without running training."""
+    c = base_config()
+    c.model.update(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+    c.sample.max_new_tokens = 8
+    model_config = ModelConfig.from_config(c)
+    ckpts = checkpoint.Checkpoints(workdir)
+    ckpts.save(1, init_params(model_config, jax.random.key(0)),
+               {"step": jnp.int32(1), "opt_state": jnp.zeros(2)},
+               {"config": config_lib.to_dict(c), "step": 1,
+                "tokenizer": tokenizers.ByteTokenizer().to_json()})
+    ckpts.wait()
+    ckpts.close()
+    return model_config
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "transformer.visualize", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_writes_one_image_per_layer_and_the_next_token_chart(tmp_path):
+    config = _fake_run(tmp_path / "run")
+    out = tmp_path / "images"
+    result = _run(f"--workdir={tmp_path / 'run'}", "--prompt=def f(x):", f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted([f"attention_layer{i}.png" for i in range(config.n_layers)]
+                           + ["next_token.png"])
+    for path in out.iterdir():
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_cli_without_checkpoint_is_one_error_line(tmp_path):
+    result = _run(f"--workdir={tmp_path}", f"--out={tmp_path / 'x'}")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
