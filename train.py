@@ -4,8 +4,10 @@
     python train.py --config=configs/tiny.py --workdir=runs/tiny --config.train.steps=200
     python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
 
-Any config field can be overridden with --config.<section>.<field>=value. Running again on a
-workdir that holds a checkpoint resumes from it.
+Any config field can be overridden with --config.<section>.<field>=value. Running the same
+command again on a workdir that holds a checkpoint resumes from it, exactly; a changed config
+is refused unless its fields are named, e.g. --allow_change=train.steps (docs/README-resume.md).
+Ctrl-C (or SIGTERM) saves a checkpoint at the current step and stops; Ctrl-C twice quits at once.
 """
 
 from pathlib import Path
@@ -22,6 +24,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go "
                                "(default: runs/<config file name>).")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
+_ALLOW_CHANGE = flags.DEFINE_list("allow_change", [], "Config fields that may differ from the "
+                                  "checkpoint's when resuming, e.g. train.steps,train.lr.")
 
 
 def main(argv):
@@ -29,7 +33,8 @@ def main(argv):
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     config = cli.config_value(_CONFIG)
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
-    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value)
+    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value,
+                                      allow_change=_ALLOW_CHANGE.value)
     s = config.sample
     try:
         [text] = generate.sample_text(

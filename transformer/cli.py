@@ -3,6 +3,7 @@
 A user's mistake (a bad flag or config value, a missing corpus, a prompt the tokenizer
 cannot encode, a workdir with no checkpoint) ends the program with `error: <what and how to
 fix it>` on stderr and exit status 2, never a traceback. Bugs still show their traceback.
+A non-finite loss ends it with status 1; SIGINT/SIGTERM, after saving, with 128 + signal.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
 from transformer.data import CorpusError, TokenizerError
 from transformer.decode import PromptError
+from transformer.faults import NonFiniteError
+from transformer.signals import Stopped
 
 USER_ERRORS = (ConfigError, CorpusError, TokenizerError, PromptError, CheckpointError)
 
@@ -58,5 +61,10 @@ def run(main) -> None:
         main(argv)
     except USER_ERRORS as e:
         fail(_one_line(e))
+    except NonFiniteError as e:  # the run failed, not the input: status 1
+        fail(_one_line(e), status=1)
+    except Stopped as e:  # SIGINT/SIGTERM after a checkpoint was saved: not an error
+        print(str(e), file=sys.stderr)
+        sys.exit(e.status)
     except KeyboardInterrupt:
         fail("interrupted", status=130)

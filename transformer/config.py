@@ -21,6 +21,7 @@ import ml_collections
 
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "block", "dots")
+NONFINITE = ("stop", "skip")
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.eval_batches = 8
     c.train.ckpt_every = 500
     c.train.keep_checkpoints = 3
+    c.train.nonfinite = "stop"      # stop | skip: what a NaN/inf loss or gradient does
 
     c.sample = ml_collections.ConfigDict()  # the sample printed at the end of training
     c.sample.prompt = "def "
@@ -156,6 +158,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                   "ckpt_every", "keep_checkpoints"):
         if t[field] <= 0:
             _fail(f"train.{field}", t[field], "must be a positive integer")
+    if t.nonfinite not in NONFINITE:
+        _fail("train.nonfinite", t.nonfinite, f"must be one of {', '.join(NONFINITE)}")
     if t.warmup_steps < 0:
         _fail("train.warmup_steps", t.warmup_steps, "must be >= 0")
     if t.lr <= 0:

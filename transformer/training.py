@@ -5,7 +5,8 @@
     loss   = mean over counted targets of -log softmax(logits)[target]   (float32)
 
 The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
-state and step, so a run restarted on its workdir continues where its last checkpoint stood.
+state and step, so a run restarted on its workdir continues where its last checkpoint stood,
+bit for bit (docs/README-resume.md; tests/test_resume.py kills runs to check it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoint, config as config_lib, data, generate
+from transformer import checkpoint, config as config_lib, data, faults, generate, resume, signals
 from transformer.config import ConfigError, ModelConfig
 from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
@@ -61,7 +62,14 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, model_config)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"train_loss": loss, "grad_norm": optax.global_norm(grads)}
+    grad_norm = optax.global_norm(grads)
+    # A NaN/inf anywhere in the gradient makes its norm non-finite. Such an update is not
+    # applied (params and optimizer state stay as they were); faults.NonFiniteGuard decides
+    # on the host whether that stops the run or skips the step.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    metrics = {"train_loss": loss, "grad_norm": grad_norm, "nonfinite": ~finite}
     return TrainState(state.step + 1, params, opt_state), metrics
 
 
@@ -123,74 +131,108 @@ def resolve(config, tokenizer) -> None:
                           "or 0 to take it from the tokenizer")
 
 
-def _check_same_model(config, saved: dict, workdir) -> None:
-    saved_model = saved["model"]
-    diffs = [f"model.{k}: {saved_model[k]!r} -> {v!r}" for k, v in config.model.items()
-             if k in saved_model and saved_model[k] != v and k != "vocab_size"]
-    if diffs:
-        raise ConfigError(f"{workdir} holds a checkpoint of another model ({'; '.join(diffs)}): "
-                          "use a new --workdir or the saved config")
+def abstract_checkpoint(config):
+    """The abstract (params, train item) of a run with this config: what a restore reads into."""
+    abstract = Trainer.build(config).abstract_state()
+    return abstract.params, {"step": abstract.step, "opt_state": abstract.opt_state}
 
 
-def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True):
-    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer)."""
+def find_checkpoint(workdir):
+    """(the newest good checkpoint or None, steps found damaged); reads, never writes."""
+    if not checkpoint.directory(workdir).is_dir():
+        return None, []
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    if not ckpts.all_steps():
+        return None, []
+    damaged = []
+    found = ckpts.restore_good(
+        lambda meta: abstract_checkpoint(config_lib.from_dict(meta["config"])),
+        on_damaged=damaged.append)
+    ckpts.close()
+    return found, damaged
+
+
+def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
+          allow_change=()):
+    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer).
+
+    Everything that can be checked without writing is checked first (config, corpus,
+    checkpoint compatibility, resume.check on a changed config); then the workdir is written.
+    Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
     config_lib.validate(config)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    latest = ckpts.latest_step()
-
-    saved_tokenizer = None
-    if latest is not None:
-        meta = ckpts.read_meta(latest)
-        _check_same_model(config, meta["config"], workdir)
-        saved_tokenizer = data.tokenizers.from_json(meta["tokenizer"])
+    found, damaged = find_checkpoint(workdir)
+    saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
     tokenizer, source = data.load(config, saved_tokenizer)
     resolve(config, tokenizer)
+    if found:
+        diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
+        resume.check(diffs, allow_change, workdir)
 
+    checkpoint.check_writable(workdir)  # the first write to the workdir
+    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
+    for step in damaged:
+        ckpts.quarantine(step)  # so that this run can save those steps again
     trainer = Trainer.build(config)
     t = config.train
-    if latest is None:
-        state = init_state(trainer.model_config, trainer.optimizer, t.seed)
+    metrics_log = MetricsLog(workdir)
+    if found is None:
+        state, skipped = init_state(trainer.model_config, trainer.optimizer, t.seed), 0
     else:
-        abstract = trainer.abstract_state()
-        params, rest = ckpts.restore(latest, abstract.params,
-                                     {"step": abstract.step, "opt_state": abstract.opt_state})
-        state = TrainState(rest["step"], params, rest["opt_state"])
-        log(f"resuming from step {latest}")
+        state = TrainState(found.train["step"], found.params, found.train["opt_state"])
+        if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
+            raise ConfigError(f"{workdir}: the allowed config change alters the optimizer "
+                              "state's layout (train.grad_clip on/off?); use a new --workdir")
+        skipped = found.meta.get("skipped_steps", 0)
+        metrics_log.truncate_after(found.step)  # steps after it are redone and logged again
+        log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
 
     meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json()}
-    metrics_log = MetricsLog(workdir)
     start = int(state.step)
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
     meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
-    for step in range(start, t.steps):
-        state, metrics = trainer.step_fn(state, source.batch(t.seed, "train", step, t.batch_size))
-        done, tokens_since_log = step + 1, tokens_since_log + tokens_per_step
-        if done % t.log_every == 0 or done == t.steps:
-            metrics = jax.device_get(metrics)  # the only host sync of a logging interval
-            tokens_per_s = meter.tick(tokens_since_log)
-            tokens_since_log = 0
-            loss = float(metrics["train_loss"])
-            metrics_log.write(step=done, train_loss=loss, grad_norm=metrics["grad_norm"],
-                              tokens_per_s=tokens_per_s)
-            bar.update(1, loss=loss, tok_s=tokens_per_s)
-        else:
-            bar.update(1)
-        if done % t.eval_every == 0 or done == t.steps:
-            with meter.paused():  # evaluation time is not training throughput
-                val_loss = evaluate(trainer, state.params, source, t.seed)
-            metrics_log.write(step=done, val_loss=val_loss)
-            bar.write(f"step {done}: val_loss {val_loss:.4f}")
-        if done % t.ckpt_every == 0 or done == t.steps:
-            with meter.paused():
-                ckpts.save(done, state.params, {"step": state.step, "opt_state": state.opt_state},
-                           {**meta, "step": done})
-    bar.close()
-    ckpts.wait()
-    ckpts.close()
+    guard = faults.NonFiniteGuard(t.nonfinite, skipped)
+    faults.install_save_delay()  # a test hook; nothing unless its variable is set
+    try:
+        with signals.GracefulStop() as stop:
+            for step in range(start, t.steps):
+                done = step + 1
+                batch = faults.poison(source.batch(t.seed, "train", step, t.batch_size), done)
+                state, metrics = trainer.step_fn(state, batch)
+                guard.push(done, metrics["nonfinite"])
+                faults.step_delay()
+                tokens_since_log += tokens_per_step
+                if done % t.log_every == 0 or done == t.steps:
+                    metrics = jax.device_get(metrics)  # the only host sync of a logging interval
+                    tokens_per_s = meter.tick(tokens_since_log)
+                    tokens_since_log = 0
+                    loss = float(metrics["train_loss"])
+                    metrics_log.write(step=done, train_loss=loss, grad_norm=metrics["grad_norm"],
+                                      tokens_per_s=tokens_per_s, skipped_steps=guard.skipped)
+                    bar.update(1, loss=loss, tok_s=tokens_per_s)
+                else:
+                    bar.update(1)
+                if done % t.eval_every == 0 or done == t.steps:
+                    with meter.paused():  # evaluation time is not training throughput
+                        val_loss = evaluate(trainer, state.params, source, t.seed)
+                    metrics_log.write(step=done, val_loss=val_loss)
+                    bar.write(f"step {done}: val_loss {val_loss:.4f}")
+                if done % t.ckpt_every == 0 or done == t.steps or stop.requested:
+                    guard.flush()  # never save a state that followed an unchecked step
+                    with meter.paused():
+                        ckpts.save(done, state.params,
+                                   {"step": state.step, "opt_state": state.opt_state},
+                                   {**meta, "step": done, "skipped_steps": guard.skipped})
+                if stop.requested:
+                    ckpts.wait()
+                    raise signals.Stopped(stop.requested, done)
+            guard.flush()
+    finally:
+        bar.close()
+        ckpts.wait()  # a save in flight is committed even when the run stops with an error
+        ckpts.close()
     if start < t.steps:
         log(f"trained steps {start}..{t.steps} in {time.perf_counter() - started:.1f}s")
     return state, tokenizer
