@@ -10,4 +10,5 @@ def get_config():
     c.data.max_bytes = 4_000_000
     c.train.update(steps=1000, batch_size=16, lr=2e-3, warmup_steps=50, log_every=25,
                    eval_every=200, eval_batches=8, ckpt_every=250)
+    c.sample.max_new_tokens = 200
     return c

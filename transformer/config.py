@@ -71,7 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.sample = ml_collections.ConfigDict()  # the sample printed at the end of training
     c.sample.prompt = "def "
-    c.sample.max_new_tokens = 200
+    c.sample.max_new_tokens = 100
     c.sample.temperature = 0.8
     c.sample.top_k = 40
     c.sample.top_p = 0.95

@@ -62,7 +62,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, model_config)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     # A NaN/inf anywhere in the gradient makes its norm non-finite. Such an update is not
     # applied (params and optimizer state stay as they were); faults.NonFiniteGuard decides
     # on the host whether that stops the run or skips the step.
@@ -125,7 +125,8 @@ def resolve(config, tokenizer) -> None:
     """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
     if config.model.vocab_size == 0:
         config.model.vocab_size = tokenizer.vocab_size
-    elif config.model.vocab_size < tokenizer.vocab_size:
+    elif (config.model.vocab_size < tokenizer.vocab_size
+          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
@@ -153,8 +154,11 @@ def find_checkpoint(workdir):
 
 
 def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
-          allow_change=()):
+          stop_at: int | None = None, allow_change=()):
     """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer).
+
+    `stop_at` ends this invocation early at that step (with a checkpoint), as an interruption
+    would; running again continues the same schedule to `train.steps`.
 
     Everything that can be checked without writing is checked first (config, corpus,
     checkpoint compatibility, resume.check on a changed config); then the workdir is written.
@@ -163,7 +167,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     workdir = Path(workdir)
     found, damaged = find_checkpoint(workdir)
     saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
-    tokenizer, source = data.load(config, saved_tokenizer)
+    tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
@@ -193,11 +197,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
     meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
+    end = t.steps if stop_at is None else min(stop_at, t.steps)
     guard = faults.NonFiniteGuard(t.nonfinite, skipped)
     faults.install_save_delay()  # a test hook; nothing unless its variable is set
     try:
         with signals.GracefulStop() as stop:
-            for step in range(start, t.steps):
+            for step in range(start, end):
                 done = step + 1
                 batch = faults.poison(source.batch(t.seed, "train", step, t.batch_size), done)
                 state, metrics = trainer.step_fn(state, batch)
@@ -219,7 +224,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
                         val_loss = evaluate(trainer, state.params, source, t.seed)
                     metrics_log.write(step=done, val_loss=val_loss)
                     bar.write(f"step {done}: val_loss {val_loss:.4f}")
-                if done % t.ckpt_every == 0 or done == t.steps or stop.requested:
+                if done % t.ckpt_every == 0 or done == end or stop.requested:
                     guard.flush()  # never save a state that followed an unchecked step
                     with meter.paused():
                         ckpts.save(done, state.params,
@@ -233,6 +238,6 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         bar.close()
         ckpts.wait()  # a save in flight is committed even when the run stops with an error
         ckpts.close()
-    if start < t.steps:
-        log(f"trained steps {start}..{t.steps} in {time.perf_counter() - started:.1f}s")
+    if start < end:
+        log(f"trained steps {start}..{end} in {time.perf_counter() - started:.1f}s")
     return state, tokenizer

@@ -1,0 +1,86 @@
+"""The real command lines in a subprocess: train → checkpoint → sample, resume, bad input."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+TINY = ["--config=configs/tiny.py", "--config.train.steps=20", "--config.train.ckpt_every=10",
+        "--config.train.eval_every=10", "--config.data.max_bytes=100000", "--no_progress"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run")
+    result = run_cli("train.py", *TINY, f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr
+    return workdir, result
+
+
+def test_train_writes_checkpoints_metrics_and_prints_a_sample(trained):
+    workdir, result = trained
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [
+        "10", "20"]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [m for m in lines if "train_loss" in m]
+    assert [m["step"] for m in train_lines] == [10, 20]
+    assert all(m["tokens_per_s"] > 0 for m in train_lines)
+    assert [m["step"] for m in lines if "val_loss" in m] == [10, 20]
+    assert "--- sample" in result.stdout and "params:" in result.stdout
+
+
+def test_sample_needs_only_the_workdir(trained):
+    workdir, _ = trained
+    result = run_cli("sample.py", f"--workdir={workdir}", "--prompt=def ", "--max_new_tokens=20",
+                     "--temperature=0.8", "--top_k=40", "--top_p=0.95", "--num_samples=3",
+                     "--seed=0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("--- sample") == 3
+    assert result.stdout.count("def ") >= 3
+    again = run_cli("sample.py", f"--workdir={workdir}", "--prompt=def ", "--max_new_tokens=20",
+                    "--temperature=0.8", "--top_k=40", "--top_p=0.95", "--num_samples=3",
+                    "--seed=0")
+    assert again.stdout == result.stdout  # same seed, same samples
+
+
+def test_second_train_resumes_at_the_saved_step(trained, tmp_path):
+    workdir, _ = trained
+    # Training longer changes the config: it must be allowed explicitly (docs/README-resume.md).
+    result = run_cli("train.py", *TINY[:-1], "--config.train.steps=30", f"--workdir={workdir}",
+                     "--no_progress", "--allow_change=train.steps")
+    assert result.returncode == 0, result.stderr
+    assert "resuming from step 20" in result.stdout
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train_loss" in m] == [10, 20, 30]
+
+
+@pytest.mark.parametrize("script,args,words", [
+    ("train.py", ["--config.model.d_model=65"], "model.d_model=65"),
+    ("train.py", ["--config.model.dmodel=64"], "dmodel"),
+    ("train.py", ["--config.train.steps=ten"], "steps"),
+    ("train.py", ["--config=configs/missing.py"], "missing.py"),
+    ("train.py", ["--config.data.corpus=/no/such/corpus"], "/no/such/corpus"),
+    ("sample.py", ["--prompt=" + "x" * 70], "context"),
+    ("sample.py", ["--top_p=1.5"], "top_p"),
+    ("sample.py", ["--temperature=-1"], "temperature"),
+])
+def test_bad_input_is_one_line_and_a_nonzero_exit(trained, tmp_path, script, args, words):
+    workdir, _ = trained
+    if script == "train.py":
+        args = ["--config=configs/tiny.py", f"--workdir={tmp_path / 'new'}", *args]
+    else:
+        args = [f"--workdir={workdir}", *args]
+    result = run_cli(script, *args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_sample_on_a_workdir_without_checkpoint_fails_clearly(tmp_path):
+    result = run_cli("sample.py", f"--workdir={tmp_path}")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: ") and "train" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,70 @@
+"""Configs are data; bad values are refused at start-up with the field named."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from transformer import config as config_lib
+from transformer.config import ConfigError, base_config, validate
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.py"))
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_is_valid(path):
+    config = _load(path)
+    if hasattr(config, "model"):  # sweep files under configs/ describe several runs
+        validate(config)
+
+
+def test_a_saved_config_round_trips():
+    c = base_config()
+    c.model.d_model = 96
+    c.model.n_heads = 3
+    assert config_lib.from_dict(config_lib.to_dict(c)) == c
+
+
+@pytest.mark.parametrize("section,field,value,match", [
+    ("model", "d_model", 102, "model.d_model=102: must be divisible by model.n_heads=4"),
+    ("model", "n_layers", 0, "model.n_layers=0"),
+    ("model", "dtype", "float16", "model.dtype"),
+    ("model", "remat", "always", "model.remat"),
+    ("data", "tokenizer", "words", "data.tokenizer"),
+    ("data", "val_fraction", 1.5, "data.val_fraction"),
+    ("train", "lr", -1.0, "train.lr"),
+    ("train", "batch_size", 0, "train.batch_size"),
+    ("sample", "top_p", 0.0, "sample.top_p"),
+    ("sample", "temperature", -0.5, "sample.temperature"),
+    ("sample", "max_new_tokens", 500, "sample.max_new_tokens"),
+])
+def test_invalid_values_name_the_field(section, field, value, match):
+    c = base_config()
+    with c.unlocked():
+        c[section][field] = value
+    with pytest.raises(ConfigError, match=match):
+        validate(c)
+
+
+def test_unknown_keys_are_refused():
+    c = base_config()
+    with c.unlocked():
+        c.model.d_modle = 3
+    with pytest.raises(ConfigError, match="model.d_modle: unknown config key"):
+        validate(c)
+
+
+def test_wrong_types_are_refused():
+    c = base_config()
+    with c.unlocked():
+        c.model.__setattr__("n_heads", "four") if False else None
+        c.model._fields["n_heads"] = "four"  # bypass ConfigDict's own type check
+    with pytest.raises(ConfigError, match="model.n_heads='four': must be of type int"):
+        validate(c)

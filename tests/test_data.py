@@ -1,0 +1,103 @@
+"""Tokenizers round-trip any text; batches are pure functions of (seed, split, index)."""
+
+import numpy as np
+import pytest
+
+from transformer import data
+from transformer.config import base_config
+from transformer.data import batches, corpus, tokenizers
+
+TEXT = "def f(x):\n    return x * 2  # 猫喜欢鱼 ✓\n"
+
+
+def test_byte_tokenizer_round_trips_any_text():
+    tok = tokenizers.ByteTokenizer()
+    ids = tok.encode(TEXT)
+    assert max(ids) < 256 and len(ids) == len(TEXT.encode("utf-8"))
+    assert tok.decode(ids) == TEXT
+    assert tok.encode_array(TEXT).tolist() == ids
+
+
+def test_char_tokenizer_round_trips_and_names_unknown_characters():
+    tok = tokenizers.CharTokenizer.from_text(TEXT)
+    assert tok.vocab_size == len(set(TEXT))
+    assert tok.decode(tok.encode(TEXT)) == TEXT
+    with pytest.raises(tokenizers.TokenizerError, match="'Z'"):
+        tok.encode("Zebra")
+    again = tokenizers.from_json(tok.to_json())
+    assert again.encode(TEXT) == tok.encode(TEXT)
+
+
+def test_stdlib_corpus_is_real_python_in_a_fixed_order():
+    a = corpus.read_corpus("stdlib", 200_000)
+    assert a == corpus.read_corpus("stdlib", 200_000)
+    assert 190_000 <= len(a.encode("utf-8")) <= 200_000
+    assert "def " in a and "import " in a
+
+
+def test_corpus_from_a_folder_skips_binary_files(tmp_path):
+    (tmp_path / "a.txt").write_text("hello ")
+    (tmp_path / "b.bin").write_bytes(b"\x00\x01\x02")
+    (tmp_path / "c.txt").write_text("world")
+    assert corpus.read_corpus(str(tmp_path), 1000) == "hello world"
+
+
+@pytest.mark.parametrize("setup,match", [
+    (lambda p: None, "no such file"),
+    (lambda p: p.write_text(""), "is empty"),
+    (lambda p: p.write_bytes(b"\x00\xff\xfe" * 10), "no UTF-8 text"),
+])
+def test_bad_corpora_are_refused(tmp_path, setup, match):
+    path = tmp_path / "corpus.txt"
+    setup(path)
+    with pytest.raises(data.CorpusError, match=match):
+        corpus.read_corpus(str(path), 1000)
+
+
+def test_max_bytes_never_splits_a_character(tmp_path):
+    (tmp_path / "zh.txt").write_text("猫喜欢鱼" * 10)
+    text = corpus.read_corpus(str(tmp_path / "zh.txt"), 10)  # 3 whole characters fit in 10 bytes
+    assert text == "猫喜欢"
+
+
+def test_batch_is_a_pure_function_of_seed_split_and_index():
+    stream = batches.TokenStream(np.arange(10_000) % 251, seq_len=32, val_fraction=0.1)
+    a = stream.batch(0, "train", 5, 4)
+    b = stream.batch(0, "train", 5, 4)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert not np.array_equal(a["inputs"], stream.batch(0, "train", 6, 4)["inputs"])
+    assert not np.array_equal(a["inputs"], stream.batch(1, "train", 5, 4)["inputs"])
+    np.testing.assert_array_equal(a["inputs"][:, 1:], a["targets"][:, :-1])
+
+
+def test_validation_windows_come_from_the_held_out_tail():
+    tokens = np.arange(10_000)
+    stream = batches.TokenStream(tokens, seq_len=16, val_fraction=0.1)
+    train_max = stream.splits["train"].max()
+    assert stream.batch(0, "val", 0, 8)["inputs"].min() > train_max
+    assert stream.batch(0, "train", 0, 8)["targets"].max() <= train_max
+
+
+def test_a_corpus_shorter_than_one_sequence_is_refused():
+    with pytest.raises(data.CorpusError, match="too few"):
+        batches.TokenStream(np.arange(40), seq_len=32, val_fraction=0.1)
+
+
+def test_copy_task_repeats_its_first_half_and_counts_only_the_copy():
+    task = batches.CopyTask(vocab_size=16, seq_len=32)
+    b = task.batch(0, "train", 0, 3)
+    n = 17
+    seq = np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1)
+    np.testing.assert_array_equal(seq[:, n:], seq[:, : 33 - n])
+    assert np.all(b["weights"][:, : n - 1] == 0) and np.all(b["weights"][:, n - 1:] == 1)
+
+
+def test_load_builds_the_configured_tokenizer(tmp_path):
+    (tmp_path / "t.txt").write_text("abcabcabc" * 200)
+    c = base_config()
+    c.model.max_seq_len = 16
+    c.data.update(corpus=str(tmp_path / "t.txt"), tokenizer="char")
+    tok, source = data.load(c)
+    assert tok.vocab_size == 3
+    assert source.batch(0, "train", 0, 2)["inputs"].max() < 3

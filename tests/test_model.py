@@ -1,0 +1,92 @@
+"""Properties of the forward pass: causality, scan == unrolled, deterministic init."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer.model import GPT, count_params, init_params, stack_layers, unstack_layers
+
+
+def _logits(config, params, tokens):
+    return GPT(config).apply({"params": params}, tokens)
+
+
+def test_logits_shape_and_dtype(tiny_config, tiny_params):
+    tokens = jnp.zeros((3, 10), jnp.int32)
+    logits = _logits(tiny_config, tiny_params, tokens)
+    assert logits.shape == (3, 10, tiny_config.vocab_size)
+    assert logits.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("t", [0, 5, 11])
+def test_future_tokens_do_not_change_past_logits(tiny_config, tiny_params, t):
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, tiny_config.vocab_size)
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % tiny_config.vocab_size)
+    before = _logits(tiny_config, tiny_params, tokens)
+    after = _logits(tiny_config, tiny_params, changed)
+    np.testing.assert_array_equal(before[:, : t + 1], after[:, : t + 1])
+    assert not np.allclose(before[:, t + 1:], after[:, t + 1:])  # the change did reach later logits
+
+
+def test_gradient_of_logit_t_wrt_later_positions_is_zero(tiny_config, tiny_params):
+    """pos_embed[s] enters only position s: d logits[t] / d pos_embed[s] must vanish for s > t."""
+    tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, tiny_config.vocab_size)
+    probe = jax.random.normal(jax.random.key(3), (tiny_config.vocab_size,))
+    t = 6
+
+    def logit_t(pos_embed):
+        params = {**tiny_params, "pos_embed": pos_embed}
+        return jnp.sum(_logits(tiny_config, params, tokens)[:, t] @ probe)
+
+    grad = jax.grad(logit_t)(tiny_params["pos_embed"])
+    assert np.all(grad[t + 1:] == 0.0)
+    assert np.all(np.abs(grad[: t + 1]).sum(axis=-1) > 0)  # earlier positions do matter
+
+
+@pytest.mark.parametrize("remat", ["none", "block", "dots"])
+def test_scan_layers_equals_unrolled(tiny_config, tiny_params, remat):
+    tokens = jax.random.randint(jax.random.key(4), (2, 16), 0, tiny_config.vocab_size)
+    scanned = dataclasses.replace(tiny_config, scan_layers=True, remat=remat)
+    stacked = stack_layers(tiny_params, tiny_config.n_layers)
+    assert stacked["blocks"]["attn"]["query"]["kernel"].shape[0] == tiny_config.n_layers
+    np.testing.assert_allclose(_logits(scanned, stacked, tokens),
+                               _logits(tiny_config, tiny_params, tokens), atol=1e-5, rtol=1e-5)
+    # and the gradients agree too (remat must only change what is stored, not what is computed)
+    loss = lambda cfg, p: jnp.mean(_logits(cfg, p, tokens) ** 2)  # noqa: E731
+    g_scan = unstack_layers(jax.grad(lambda p: loss(scanned, p))(stacked), tiny_config.n_layers)
+    g_unrolled = jax.grad(lambda p: loss(tiny_config, p))(tiny_params)
+    for a, b in zip(jax.tree.leaves(g_scan), jax.tree.leaves(g_unrolled)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_scan_init_has_same_shapes_as_stacked_unrolled(tiny_config, tiny_params):
+    scanned = dataclasses.replace(tiny_config, scan_layers=True)
+    shapes = lambda tree: jax.tree.map(lambda x: x.shape, tree)  # noqa: E731
+    assert shapes(init_params(scanned, jax.random.key(0))) == shapes(
+        stack_layers(tiny_params, tiny_config.n_layers))
+
+
+def test_init_is_deterministic_for_a_seed(tiny_config):
+    a, b = init_params(tiny_config, jax.random.key(7)), init_params(tiny_config, jax.random.key(7))
+    c = init_params(tiny_config, jax.random.key(8))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a["embed"]["embedding"], c["embed"]["embedding"])
+
+
+def test_untied_head_adds_exactly_one_matrix(tiny_config, tiny_params):
+    untied = init_params(dataclasses.replace(tiny_config, tie_embeddings=False), jax.random.key(0))
+    extra = count_params(untied) - count_params(tiny_params)
+    assert extra == tiny_config.d_model * tiny_config.vocab_size
+    assert untied["head"]["kernel"].shape == (tiny_config.d_model, tiny_config.vocab_size)
+
+
+def test_bfloat16_compute_keeps_float32_logits(tiny_config, tiny_params):
+    bf16 = dataclasses.replace(tiny_config, dtype="bfloat16")
+    tokens = jax.random.randint(jax.random.key(5), (2, 16), 0, tiny_config.vocab_size)
+    logits = _logits(bf16, tiny_params, tokens)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, _logits(tiny_config, tiny_params, tokens), atol=0.1)

@@ -1,0 +1,68 @@
+"""Sampler semantics: greedy, temperature, top-k and top-p never draw what they exclude."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer.sampling import filter_logits, sample
+
+V = 32
+
+
+def _draws(logits_BV, n, temperature=1.0, top_k=0, top_p=1.0):
+    keys = jax.random.split(jax.random.key(0), n)
+    draw = jax.jit(jax.vmap(lambda k: sample(logits_BV, k, temperature, top_k, top_p)))
+    return np.asarray(draw(keys))  # [n, B]
+
+
+@pytest.fixture
+def logits():
+    return jax.random.normal(jax.random.key(1), (4, V)) * 3.0
+
+
+def test_temperature_zero_is_greedy(logits):
+    assert np.all(_draws(logits, 50, temperature=0.0) == np.argmax(logits, -1))
+
+
+def test_top_k_one_equals_greedy(logits):
+    assert np.all(_draws(logits, 200, temperature=1.5, top_k=1) == np.argmax(logits, -1))
+
+
+def test_tokens_outside_top_k_are_never_drawn(logits):
+    draws = _draws(logits, 2000, temperature=2.0, top_k=5)
+    top5 = np.argsort(-np.asarray(logits), axis=-1)[:, :5]
+    for b in range(logits.shape[0]):
+        assert set(draws[:, b]) <= set(top5[b])
+        assert len(set(draws[:, b])) == 5  # and all five are reachable
+
+
+def test_tokens_outside_top_p_are_never_drawn():
+    probs = jnp.array([[0.5, 0.3, 0.15, 0.05]])
+    logits = jnp.log(probs)
+    for top_p, allowed in [(0.45, {0}), (0.7, {0, 1}), (0.9, {0, 1, 2}), (1.0, {0, 1, 2, 3})]:
+        draws = _draws(logits, 3000, top_p=top_p)[:, 0]
+        assert set(draws) == allowed, top_p
+
+
+def test_small_temperature_approaches_greedy(logits):
+    assert np.all(_draws(logits, 200, temperature=1e-3) == np.argmax(logits, -1))
+    assert len(set(_draws(logits, 200, temperature=5.0)[:, 0])) > 5  # high temperature spreads
+
+
+def test_unfiltered_draws_follow_the_softmax():
+    logits = jnp.array([[2.0, 1.0, 0.0, -1.0]])
+    draws = _draws(logits, 20000)[:, 0]
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    np.testing.assert_allclose(freq, jax.nn.softmax(logits)[0], atol=0.015)
+
+
+def test_filters_compose_and_are_traced_values(logits):
+    """One compiled function serves every (temperature, k, p): they are arguments, not constants."""
+    f = jax.jit(filter_logits)
+    for t, k, p in [(1.0, 3, 1.0), (0.5, 0, 0.6), (2.0, 10, 0.3)]:
+        kept = np.isfinite(np.asarray(f(logits, t, k, p)))
+        if k:
+            assert np.all(kept.sum(-1) <= k)
+        assert np.all(kept.sum(-1) >= 1)
+    assert f._cache_size() == 1
