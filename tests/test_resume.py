@@ -227,3 +227,16 @@ def test_nan_stops_naming_the_step_or_is_skipped_and_counted(corpus, tmp_path):
     assert logged and '"skipped_steps": 1' in logged[-1]
     step, leaves = final_state(workdir)
     assert step == STEPS and all(np.isfinite(x).all() for x in leaves if x.dtype.kind == "f")
+
+
+def test_second_ctrl_c_quits_at_once_leaving_only_complete_checkpoints(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    proc = start(train_args(corpus, workdir, ckpt_every=1000), step_delay=0.05, save_delay=30)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists(), proc)
+    proc.send_signal(signal.SIGINT)  # starts the save at the current step, held 30 s
+    wait_for(lambda: in_flight(workdir), proc)
+    begin = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    assert proc.returncode == -signal.SIGINT and time.monotonic() - begin < 20
+    assert committed(workdir) == [] and in_flight(workdir)  # the held save never committed

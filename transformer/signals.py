@@ -9,14 +9,13 @@
 The handler only sets a flag: the loop looks at it between steps, where the state is whole,
 saves a checkpoint at the current step and raises `Stopped`, which the command line turns
 into one line and exit status 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM), the
-shell's convention for "ended by a signal". A second signal while that save runs exits at
-once (status 130/143 as well) without waiting: the checkpoint being written is then simply
-not committed, and the previous one stays the latest.
+shell's convention for "ended by a signal". A second signal ends the process at once (the
+default action, restored by the first): the checkpoint being written is then simply not
+committed, and the previous one stays the latest.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -40,14 +39,13 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum, frame):
-        name = signal.Signals(signum).name
-        if self.requested is not None:
-            print(f"\n{name} again: quitting at once (the last complete checkpoint is kept)",
-                  file=sys.stderr, flush=True)
-            os._exit(128 + signum)
         self.requested = signum
-        print(f"\n{name}: saving a checkpoint at the current step, then stopping "
-              "(press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+        # The next SIGINT/SIGTERM gets the default action: the kernel ends the process at
+        # once, even while it waits inside XLA or orbax, where a Python handler could not run.
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint at the current step, then "
+              "stopping (press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
