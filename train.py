@@ -15,7 +15,7 @@ from pathlib import Path
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, generate, training
+from transformer import cli, config as config_lib
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -32,6 +32,8 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     config = cli.config_value(_CONFIG)
+    config_lib.validate(config)  # before the ~1.5 s of jax/flax/orbax imports: fails in a blink
+    from transformer import generate, training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value,
                                       allow_change=_ALLOW_CHANGE.value)

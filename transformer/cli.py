@@ -13,14 +13,27 @@ import sys
 
 from absl import flags, logging
 
-from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError
-from transformer.data import CorpusError, TokenizerError
-from transformer.decode import PromptError
 from transformer.faults import NonFiniteError
 from transformer.signals import Stopped
 
-USER_ERRORS = (ConfigError, CorpusError, TokenizerError, PromptError, CheckpointError)
+# Where each kind of user error is declared. cli.py does not import these modules itself
+# (jax, flax and orbax take ~1.5 s to import): an error can only come from a module that is
+# loaded, so a bad config value is refused before the heavy imports happen at all.
+_USER_ERROR_HOMES = {"transformer.config": "ConfigError", "transformer.data.corpus": "CorpusError",
+                     "transformer.data.tokenizers": "TokenizerError",
+                     "transformer.decode": "PromptError", "transformer.checkpoint": "CheckpointError"}
+
+
+def loaded_user_errors() -> tuple:
+    return tuple(getattr(sys.modules[m], name) for m, name in _USER_ERROR_HOMES.items()
+                 if m in sys.modules)
+
+
+def __getattr__(name):  # cli.USER_ERRORS: all of them (imports every module that declares one)
+    if name == "USER_ERRORS":
+        import importlib
+        return tuple(getattr(importlib.import_module(m), n) for m, n in _USER_ERROR_HOMES.items())
+    raise AttributeError(name)
 
 
 def fail(message: str, status: int = 2):
@@ -59,8 +72,6 @@ def run(main) -> None:
         fail(f"could not load the config: {_one_line(e)}")
     try:
         main(argv)
-    except USER_ERRORS as e:
-        fail(_one_line(e))
     except NonFiniteError as e:  # the run failed, not the input: status 1
         fail(_one_line(e), status=1)
     except Stopped as e:  # SIGINT/SIGTERM after a checkpoint was saved: not an error
@@ -68,3 +79,7 @@ def run(main) -> None:
         sys.exit(e.status)
     except KeyboardInterrupt:
         fail("interrupted", status=130)
+    except Exception as e:  # noqa: BLE001 -- re-raised (with its traceback) unless a user error
+        if not isinstance(e, loaded_user_errors()):
+            raise
+        fail(_one_line(e))
