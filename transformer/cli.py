@@ -19,9 +19,11 @@ from transformer.signals import Stopped
 # Where each kind of user error is declared. cli.py does not import these modules itself
 # (jax, flax and orbax take ~1.5 s to import): an error can only come from a module that is
 # loaded, so a bad config value is refused before the heavy imports happen at all.
-_USER_ERROR_HOMES = {"transformer.config": "ConfigError", "transformer.data.corpus": "CorpusError",
+_USER_ERROR_HOMES = {"transformer.config": "ConfigError",
+                     "transformer.data.corpus": "CorpusError",
                      "transformer.data.tokenizers": "TokenizerError",
-                     "transformer.decode": "PromptError", "transformer.checkpoint": "CheckpointError"}
+                     "transformer.decode": "PromptError",
+                     "transformer.checkpoint": "CheckpointError"}
 
 
 def loaded_user_errors() -> tuple:
