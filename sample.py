@@ -56,8 +56,12 @@ def main(argv):
 
 
 def _abstract_params(meta):
+    """Onto one device, whatever mesh wrote the checkpoint: the target names the placement."""
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    return jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))), None
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
+    return abstract, None
 
 
 if __name__ == "__main__":

@@ -5,9 +5,16 @@
     python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
 
 Any config field can be overridden with --config.<section>.<field>=value. Running the same
-command again on a workdir that holds a checkpoint resumes from it, exactly; a changed config
-is refused unless its fields are named, e.g. --allow_change=train.steps (docs/README-resume.md).
-Ctrl-C (or SIGTERM) saves a checkpoint at the current step and stops; Ctrl-C twice quits at once.
+command again on a workdir that holds a checkpoint resumes from it, exactly (on any mesh); a
+changed config is refused unless its fields are named, e.g. --allow_change=train.steps
+(docs/README-resume.md). Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
+stops; Ctrl-C twice quits at once.
+
+Several devices and hosts (docs: "Scaling out"):
+    python train.py --config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.tensor=2
+    python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=0   # host 0
+    python train.py --coordinator_address=host0:1234 --num_processes=2 --process_id=1   # host 1
+    python train.py --distributed        # TPU pods, SLURM: the launcher's environment says it all
 """
 
 from pathlib import Path
@@ -15,7 +22,9 @@ from pathlib import Path
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, config as config_lib
+import jax
+
+from transformer import cli, config as config_lib, generate, sharding, training
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,25 +35,49 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics g
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
 _ALLOW_CHANGE = flags.DEFINE_list("allow_change", [], "Config fields that may differ from the "
                                   "checkpoint's when resuming, e.g. train.steps,train.lr.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0, to train on several hosts.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes in all.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's number, 0..n-1.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-host run described by "
+                                 "the environment (TPU pods, SLURM): jax.distributed.initialize().")
+
+
+def init_distributed() -> None:
+    """Joins the other processes before JAX touches a device (a no-op for one process)."""
+    given = [f for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID) if f.value is not None]
+    if given and len(given) < 3:
+        cli.fail("--coordinator_address, --num_processes and --process_id go together; "
+                 f"only {', '.join('--' + f.name for f in given)} given")
+    if given:
+        if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
+            cli.fail(f"process_id={_PROCESS_ID.value}: must be in [0, {_NUM_PROCESSES.value - 1}]")
+        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                                   num_processes=_NUM_PROCESSES.value,
+                                   process_id=_PROCESS_ID.value)
+    elif _DISTRIBUTED.value:
+        jax.distributed.initialize()
 
 
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
-    config = cli.config_value(_CONFIG)
-    config_lib.validate(config)  # before the ~1.5 s of jax/flax/orbax imports: fails in a blink
-    from transformer import generate, training
+    init_distributed()
+    config = config_lib.validate(cli.config_value(_CONFIG))
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
-    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value,
+    mesh = sharding.make_mesh(config.mesh)
+    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
                                       allow_change=_ALLOW_CHANGE.value)
     s = config.sample
     try:
         [text] = generate.sample_text(
             training.ModelConfig.from_config(config), state.params, tokenizer, s.prompt,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, seed=config.train.seed)
+            top_p=s.top_p, seed=config.train.seed, mesh=mesh, rules=sharding.axis_rules(config))
     except cli.USER_ERRORS as e:
         print(f"(no sample: {e})")
+        return
+    if jax.process_index() != 0:
         return
     print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
 

@@ -48,6 +48,8 @@ ROWS = [
      ["--config.data.tokenizer=byte", "--config.model.vocab_size=100"], "vocab_size", "fresh"),
     ("sample temperature < 0", "train", ["--config.sample.temperature=-1"], "temperature",
      "fresh"),
+    ("mesh that does not fit the devices", "train", ["--config.mesh.data=3"], "mesh.data=3",
+     "fresh"),
     ("missing corpus", "train", ["--config.data.corpus={D}/missing.txt"], "no such file",
      "fresh"),
     ("empty corpus", "train", ["--config.data.corpus={D}/empty.txt"], "empty", "fresh"),

@@ -22,6 +22,7 @@ import ml_collections
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "block", "dots")
 NONFINITE = ("stop", "skip")
+MESH_AXES = ("data", "fsdp", "tensor")
 
 
 class ConfigError(ValueError):
@@ -68,6 +69,29 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.ckpt_every = 500
     c.train.keep_checkpoints = 3
     c.train.nonfinite = "stop"      # stop | skip: what a NaN/inf loss or gradient does
+
+    # The device mesh: sizes of its three axes, -1 = all remaining devices (see sharding.py).
+    # data x fsdp x tensor must equal the device count; the default puts every device on data.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1                # batch split, parameters copied
+    c.mesh.fsdp = 1                 # batch split, parameters and optimizer state split too
+    c.mesh.tensor = 1               # heads, MLP width and vocabulary split
+    # Logical axis -> mesh axes ("a,b"; "" = not split). Parameters and activations name
+    # logical axes (model.py, kvcache.py); this table alone decides where they live.
+    c.mesh.rules = ml_collections.ConfigDict()
+    c.mesh.rules.batch = "data,fsdp"
+    c.mesh.rules.length = ""
+    c.mesh.rules.embed = "fsdp"
+    c.mesh.rules.heads = "tensor"
+    c.mesh.rules.kv_heads = "tensor"
+    c.mesh.rules.head_dim = ""
+    c.mesh.rules.mlp = "tensor"
+    c.mesh.rules.vocab = "tensor"
+    c.mesh.rules.layers = ""
+    c.mesh.rules.cache_batch = "data,fsdp"
+    c.mesh.rules.cache_heads = "tensor"
+    c.mesh.rules.cache_length = ""
+    c.mesh.rules.cache_head_dim = ""
 
     c.sample = ml_collections.ConfigDict()  # the sample printed at the end of training
     c.sample.prompt = "def "
@@ -172,6 +196,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if t.weight_decay < 0 or t.grad_clip < 0:
         field = "weight_decay" if t.weight_decay < 0 else "grad_clip"
         _fail(f"train.{field}", t[field], "must be >= 0")
+
+    for axis in MESH_AXES:
+        if config.mesh[axis] == 0 or config.mesh[axis] < -1:
+            _fail(f"mesh.{axis}", config.mesh[axis], "must be a positive size, or -1 for all "
+                  "remaining devices")
+    for name, value in config.mesh.rules.items():
+        unknown = [a for a in value.split(",") if a.strip() and a.strip() not in MESH_AXES]
+        if unknown:
+            _fail(f"mesh.rules.{name}", value, f"names mesh axes {unknown}; use a comma-"
+                  f"separated subset of {', '.join(MESH_AXES)}, or '' for not split")
 
     check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, m.max_seq_len,
                    prefix="sample.")

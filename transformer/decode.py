@@ -11,6 +11,10 @@ next token to the same slot; each row's mask hides its padding slots and its pos
 count from its first real token. P is rounded up to a bucket (16, 32, 64, ...), so a handful
 of compiled programs serve every prompt. Temperature, top-k, top-p, the key, the prompt
 content and the end token are traced arguments: changing them never recompiles.
+
+On a device mesh (`generate(..., mesh=, rules=)`) the same program is compiled with explicit
+shardings: parameters as in training, the KV cache split over batch rows and heads, the
+prompts and the returned tokens copied on every device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kvcache, sampling
+from transformer import kvcache, sampling, sharding
 from transformer.config import ModelConfig
 from transformer.model import GPT, unstack_layers
 
@@ -65,9 +69,7 @@ def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
                              cache=cache, index=index, start_B=start_B)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens"),
-                   donate_argnames=("cache",))
-def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
+def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
                     *, config: ModelConfig, max_new_tokens: int):
     """The compiled program: prefill + scan. Returns (tokens_BN, cache).
 
@@ -97,6 +99,37 @@ def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, 
     return jnp.concatenate([token_B[:, None], rest_NB.T], axis=1), cache
 
 
+generate_tokens = jax.jit(_generate_tokens, static_argnames=("config", "max_new_tokens"),
+                          donate_argnames=("cache",))
+
+
+@functools.lru_cache(maxsize=16)
+def sharded_program(config: ModelConfig, max_new_tokens: int, mesh, rules, batch: int):
+    """(generate, new_cache, param_shardings) compiled for `batch` rows on `mesh`.
+
+    generate takes the arguments of `generate_tokens`, except the key as raw key data; all
+    but params and cache are replicated. A batch the batch axes cannot split evenly (one
+    prompt on eight devices) is not split; the heads still are.
+    """
+    rules = sharding.decode_rules(rules, mesh, batch)
+    param_sh = sharding.param_shardings(config, mesh, rules)
+    cache_sh = sharding.cache_shardings(config, mesh, rules)
+    rep = sharding.replicated(mesh)
+
+    def program(params, cache, prompt_BP, start_B, key_data, temperature, top_k, top_p, eos_id):
+        return _generate_tokens(params, cache, prompt_BP, start_B,
+                                jax.random.wrap_key_data(key_data), temperature, top_k, top_p,
+                                eos_id, config=config, max_new_tokens=max_new_tokens)
+
+    generate_fn = jax.jit(sharding.constrained(program, mesh, rules),
+                          in_shardings=(param_sh, cache_sh) + (rep,) * 7,
+                          out_shardings=(rep, cache_sh), donate_argnums=1)
+    empty = functools.partial(kvcache.init_cache, batch, config.n_layers, config.n_heads,
+                              config.max_seq_len, config.head_dim, jnp.dtype(config.dtype))
+    cache_fn = jax.jit(empty, out_shardings=cache_sh)
+    return generate_fn, cache_fn, param_sh
+
+
 @functools.partial(jax.jit, static_argnames=("config", "batch"))
 def new_cache(*, config: ModelConfig, batch: int):
     return kvcache.init_cache(batch, config.n_layers, config.n_heads, config.max_seq_len,
@@ -105,10 +138,12 @@ def new_cache(*, config: ModelConfig, batch: int):
 
 def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
              seed: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             eos_id: int = -1) -> list[list[int]]:
+             eos_id: int = -1, mesh=None, rules=None) -> list[list[int]]:
     """Continues each prompt (a list of token ids) by up to max_new_tokens tokens.
 
     Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
+    With `mesh` and `rules` (sharding.py) it decodes on that mesh; every process of a
+    multi-host run must call it with the same prompts, and every one gets the tokens.
     """
     check_prompts(prompts, max_new_tokens, config.max_seq_len)
     P = prompt_bucket(max(map(len, prompts)), max_new_tokens, config.max_seq_len)
@@ -116,10 +151,20 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     start_B = np.array([P - len(p) for p in prompts], np.int32)
     for row, prompt in enumerate(prompts):
         prompt_BP[row, P - len(prompt):] = prompt
-    tokens_BN, _ = generate_tokens(
-        params, new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
-        jax.random.key(seed), jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
-        jnp.int32(eos_id), config=config, max_new_tokens=max_new_tokens)
+    if mesh is None:
+        tokens_BN, _ = generate_tokens(
+            params, new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
+            jax.random.key(seed), jnp.float32(temperature), jnp.int32(top_k),
+            jnp.float32(top_p), jnp.int32(eos_id), config=config, max_new_tokens=max_new_tokens)
+    else:
+        generate_fn, cache_fn, param_sh = sharded_program(config, max_new_tokens, mesh,
+                                                          tuple(rules), len(prompts))
+        put = functools.partial(sharding.put_replicated, mesh=mesh)
+        key_data = jax.device_get(jax.random.key_data(jax.random.key(seed)))
+        tokens_BN, _ = generate_fn(
+            jax.device_put(params, param_sh), cache_fn(), put(prompt_BP), put(start_B),
+            put(key_data), put(np.float32(temperature)), put(np.int32(top_k)),
+            put(np.float32(top_p)), put(np.int32(eos_id)))
     out = []
     for row in np.asarray(tokens_BN).tolist():
         out.append(row[: row.index(eos_id)] if eos_id in row else row)

@@ -63,7 +63,8 @@ def _env_float(name: str) -> float:
 def poison(batch: dict, step: int) -> dict:
     """Test hook: NaN loss weights for step TRANSFORMER_TEST_NAN_STEP (1-based, as logged)."""
     if os.environ.get("TRANSFORMER_TEST_NAN_STEP") == str(step):
-        batch = {**batch, "weights": np.full_like(batch["weights"], np.nan)}
+        # NaN * weights keeps the array's kind and placement (numpy, or a sharded jax array)
+        batch = {**batch, "weights": batch["weights"] * np.float32("nan")}
     return batch
 
 

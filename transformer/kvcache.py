@@ -9,12 +9,18 @@ left-padded so that they all end at the same slot).
 Heads come before slots ([B, H, S, K] rather than [B, S, H, K]) so that attention reads the
 cache without a transpose, and each layer has its own arrays so that no step copies a
 stacked [L, ...] cache to take one layer out.
+
+Its dimensions are named `AXES` for sharding.py: on a mesh the cache is split over batch
+rows and heads, so each device holds and reads only its own heads' keys and values.
 """
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+AXES = ("cache_batch", "cache_heads", "cache_length", "cache_head_dim")
 
 
 def init_cache(batch: int, n_layers: int, n_heads: int, max_seq_len: int, head_dim: int,
@@ -31,7 +37,8 @@ def write(layer_cache: dict, k_BHTK, v_BHTK, index) -> dict:
                                             index, axis=2)
     v = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v_BHTK.astype(layer_cache["v"].dtype),
                                             index, axis=2)
-    return {"k": k, "v": v}
+    # Pinned so the update stays in place on each device's own piece (a no-op off a mesh).
+    return {"k": nn.with_logical_constraint(k, AXES), "v": nn.with_logical_constraint(v, AXES)}
 
 
 def cache_bytes(cache: list[dict]) -> int:

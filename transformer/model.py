@@ -30,8 +30,23 @@ from transformer.config import ModelConfig
 INIT_STD = 0.02
 
 
+class _AxisNames(nn.LogicallyPartitioned):
+    """Logical axis names as metadata only: unboxing adds no sharding constraint.
+
+    Flax's default constrains a parameter whenever it is unboxed, and DenseGeneral unboxes
+    its flat [D, H*K] kernel before reshaping it to [D, H, K]: under a mesh the 3-name
+    constraint then refuses the 2-D array. Jitted programs place the parameters through
+    their in/out shardings (sharding.py) anyway.
+    """
+
+    def unbox(self, apply_constraint=True):
+        return super().unbox(apply_constraint=False)
+
+
 def _logical(init, names):
-    return nn.with_logical_partitioning(init, names)
+    def boxed(*args, **kwargs):
+        return _AxisNames(init(*args, **kwargs), names)
+    return boxed
 
 
 def _norm(name: str) -> nn.LayerNorm:

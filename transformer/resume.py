@@ -2,8 +2,9 @@
 
 Restarting the same command continues exactly. A changed config is compared field by field
 with the config saved in the latest checkpoint:
-- FREE fields change only what is logged, evaluated, saved or sampled, never the params:
-  they may change silently (e.g. more frequent checkpoints after a crash);
+- FREE fields change only what is logged, evaluated, saved or sampled, or where the state
+  lives (mesh.*: a checkpoint restores onto any mesh), never what the params are: they may
+  change silently (e.g. more frequent checkpoints after a crash);
 - FIXED fields change the shape of the saved state or the meaning of its tokens (model
   shape, tokenizer): the checkpoint cannot continue under them, whatever the flags;
 - every other field (train.steps, train.lr, train.seed, data.corpus, ...) changes what the
@@ -20,7 +21,7 @@ from __future__ import annotations
 from transformer.config import ConfigError, base_config, to_dict
 
 FREE = ("train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every",
-        "train.keep_checkpoints", "train.nonfinite", "sample.")
+        "train.keep_checkpoints", "train.nonfinite", "sample.", "mesh.")
 FIXED = ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.d_ff",
          "model.max_seq_len", "model.tie_embeddings", "model.param_dtype", "model.scan_layers",
          "data.tokenizer")

@@ -7,6 +7,11 @@
 The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
 state and step, so a run restarted on its workdir continues where its last checkpoint stood,
 bit for bit (docs/README-resume.md; tests/test_resume.py kills runs to check it).
+
+Everything lives on a device mesh (sharding.py): the state is created already split
+(eval_shape -> shardings -> jit(init, out_shardings)), the step is compiled with explicit
+in/out shardings and donates the old state, and each process builds only the batch rows its
+devices hold. One CPU is the 1x1x1 case of the same code.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoint, config as config_lib, data, faults, generate, resume, signals
+from transformer import (checkpoint, config as config_lib, data, faults, resume, sharding,
+                         signals)
 from transformer.config import ConfigError, ModelConfig
 from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
@@ -80,31 +86,70 @@ def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:
 
 @dataclasses.dataclass
 class Trainer:
-    """The compiled functions of one run (built once from its config)."""
+    """The compiled functions of one run on one mesh (built once from its config)."""
 
     config: Any
     model_config: ModelConfig
     optimizer: optax.GradientTransformation
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    state_sharding: TrainState
+    batch_sharding: jax.sharding.NamedSharding
     step_fn: Callable
     eval_fn: Callable
 
     @classmethod
-    def build(cls, config) -> "Trainer":
+    def build(cls, config, mesh=None) -> "Trainer":
+        """Compiles for `mesh` (default: the one config.mesh describes over every device).
+        Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
         model_config = ModelConfig.from_config(config)
         optimizer = make_optimizer(config.train)
-        step_fn = jax.jit(functools.partial(train_step, model_config=model_config,
-                                            optimizer=optimizer), donate_argnums=0)
-        eval_fn = jax.jit(functools.partial(loss_fn, model_config=model_config))
-        return cls(config, model_config, optimizer, step_fn, eval_fn)
+        mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+        sharding.check_fits(config, mesh)
+        rules = sharding.axis_rules(config)
+        param_sh = sharding.param_shardings(model_config, mesh, rules)
+        abstract = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
+        state_sh = TrainState(step=sharding.replicated(mesh), params=param_sh,
+                              opt_state=sharding.tree_shardings_like(abstract.opt_state,
+                                                                     param_sh, mesh))
+        batch_sh = sharding.batch_sharding(mesh, rules)
+        replicated = sharding.replicated(mesh)
+        step = sharding.constrained(functools.partial(train_step, model_config=model_config,
+                                                      optimizer=optimizer), mesh, rules)
+        step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                          out_shardings=(state_sh, replicated), donate_argnums=0)
+        loss = sharding.constrained(functools.partial(loss_fn, model_config=model_config),
+                                    mesh, rules)
+        eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated)
+        return cls(config, model_config, optimizer, mesh, rules, state_sh, batch_sh,
+                   step_fn, eval_fn)
+
+    def init(self, seed: int) -> TrainState:
+        """A fresh state, created directly in its shards (never whole on one device).
+
+        Traced without the mesh in scope: the out_shardings alone place every leaf, and
+        Flax's DenseGeneral would otherwise pin its flat [D, H*K] kernel with 3-axis names."""
+        init = lambda: init_state(self.model_config, self.optimizer, seed)  # noqa: E731
+        return jax.jit(init, out_shardings=self.state_sharding)()
 
     def abstract_state(self) -> TrainState:
-        return jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
+        """Shapes, dtypes and this mesh's shardings: the target a checkpoint restores onto."""
+        shapes = jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            shapes, self.state_sharding)
+
+    def batch(self, source, seed: int, split: str, index: int) -> dict:
+        """Batch `index` as global arrays; this process builds only the rows it holds."""
+        B, T = self.config.train.batch_size, self.config.model.max_seq_len
+        rows = sharding.process_rows(self.batch_sharding, B, T)
+        local = source.batch(seed, split, index, B, rows=rows)
+        return sharding.put_batch(local, self.batch_sharding, B)
 
 
 def evaluate(trainer: Trainer, params, source, seed: int) -> float:
     """Mean validation loss over a fixed set of held-out batches."""
     t = trainer.config.train
-    losses = [trainer.eval_fn(params, source.batch(seed, "val", i, t.batch_size))
+    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
               for i in range(t.eval_batches)]
     return float(np.mean(jax.device_get(losses)))
 
@@ -132,31 +177,37 @@ def resolve(config, tokenizer) -> None:
                           "or 0 to take it from the tokenizer")
 
 
-def abstract_checkpoint(config):
-    """The abstract (params, train item) of a run with this config: what a restore reads into."""
-    abstract = Trainer.build(config).abstract_state()
+def abstract_checkpoint(config, mesh=None):
+    """The abstract (params, train item) of a run with this config on `mesh`: shapes, dtypes
+    and shardings, what a restore reads into."""
+    abstract = Trainer.build(config, mesh).abstract_state()
     return abstract.params, {"step": abstract.step, "opt_state": abstract.opt_state}
 
 
-def find_checkpoint(workdir):
-    """(the newest good checkpoint or None, steps found damaged); reads, never writes."""
+def find_checkpoint(workdir, config, mesh=None):
+    """(the newest good checkpoint or None, steps found damaged); reads, never writes.
+    Restores onto `mesh` with this config's sharding rules (a run may resume on another mesh)."""
     if not checkpoint.directory(workdir).is_dir():
         return None, []
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     if not ckpts.all_steps():
         return None, []
+    here = config_lib.to_dict(config)["mesh"]
     damaged = []
     found = ckpts.restore_good(
-        lambda meta: abstract_checkpoint(config_lib.from_dict(meta["config"])),
+        lambda meta: abstract_checkpoint(config_lib.from_dict({**meta["config"], "mesh": here}),
+                                         mesh),
         on_damaged=damaged.append)
     ckpts.close()
     return found, damaged
 
 
 def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
-          stop_at: int | None = None, allow_change=()):
-    """Trains (or resumes) the run in `workdir`. Returns (state, tokenizer).
+          mesh=None, stop_at: int | None = None, allow_change=()):
+    """Trains (or resumes) the run in `workdir` on `mesh` (default: from config.mesh).
 
+    Returns (state, tokenizer). On several processes every process calls this;
+    only process 0 logs and writes metrics, and orbax coordinates the checkpoint writes.
     `stop_at` ends this invocation early at that step (with a checkpoint), as an interruption
     would; running again continues the same schedule to `train.steps`.
 
@@ -164,8 +215,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     checkpoint compatibility, resume.check on a changed config); then the workdir is written.
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
     config_lib.validate(config)
+    main_process = jax.process_index() == 0
+    if not main_process:
+        log, progress = (lambda _: None), False
     workdir = Path(workdir)
-    found, damaged = find_checkpoint(workdir)
+    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+    found, damaged = find_checkpoint(workdir, config, mesh)
     saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
@@ -175,13 +230,13 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
 
     checkpoint.check_writable(workdir)  # the first write to the workdir
     ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    for step in damaged:
+    for step in damaged if main_process else ():
         ckpts.quarantine(step)  # so that this run can save those steps again
-    trainer = Trainer.build(config)
+    trainer = Trainer.build(config, mesh)
     t = config.train
-    metrics_log = MetricsLog(workdir)
+    metrics_log = MetricsLog(workdir, enabled=main_process)
     if found is None:
-        state, skipped = init_state(trainer.model_config, trainer.optimizer, t.seed), 0
+        state, skipped = trainer.init(t.seed), 0
     else:
         state = TrainState(found.train["step"], found.params, found.train["opt_state"])
         if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
@@ -191,6 +246,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         metrics_log.truncate_after(found.step)  # steps after it are redone and logged again
         log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
+    log(sharding.describe(trainer.mesh))
 
     meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json()}
     start = int(state.step)
@@ -204,7 +260,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         with signals.GracefulStop() as stop:
             for step in range(start, end):
                 done = step + 1
-                batch = faults.poison(source.batch(t.seed, "train", step, t.batch_size), done)
+                batch = faults.poison(trainer.batch(source, t.seed, "train", step), done)
                 state, metrics = trainer.step_fn(state, batch)
                 guard.push(done, metrics["nonfinite"])
                 faults.step_delay()

@@ -1,5 +1,9 @@
 """Integer batches, each a pure function of (seed, split, index): a resumed run sees the same data.
 
+Each row has its own random stream, seeded by (seed, split, index, row), so any subset of a
+batch's rows can be built alone: on several hosts each process builds only the rows its
+devices hold (`rows=`), and together they form exactly the batch one process would build.
+
 A batch is a dict of int32 arrays:
     inputs   [B, T]   tokens fed to the model
     targets  [B, T]   the next token at every position (inputs shifted by one)
@@ -22,8 +26,10 @@ from transformer.data.corpus import CorpusError
 _SPLITS = {"train": 0, "val": 1}
 
 
-def _rng(seed: int, split: str, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, _SPLITS[split], index])
+def _row_rngs(seed: int, split: str, index: int, batch_size: int, rows) -> list:
+    """One generator per requested row (default: every row of the batch)."""
+    rows = range(batch_size) if rows is None else rows
+    return [np.random.default_rng([seed, _SPLITS[split], index, int(r)]) for r in rows]
 
 
 class TokenStream:
@@ -36,25 +42,28 @@ class TokenStream:
         self.splits = {"train": tokens[:-n_val], "val": tokens[-n_val:]}
         self.seq_len = seq_len
 
-    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
+    def batch(self, seed: int, split: str, index: int, batch_size: int, rows=None) -> dict:
+        """The batch, or only its `rows` (a sequence of row numbers) when given."""
         data, T = self.splits[split], self.seq_len
-        starts_B = _rng(seed, split, index).integers(0, len(data) - T, size=batch_size)
+        starts_B = np.array([rng.integers(0, len(data) - T)
+                             for rng in _row_rngs(seed, split, index, batch_size, rows)])
         window_BT1 = data[starts_B[:, None] + np.arange(T + 1)[None, :]]
         return {"inputs": window_BT1[:, :-1].astype(np.int32),
                 "targets": window_BT1[:, 1:].astype(np.int32),
-                "weights": np.ones((batch_size, T), np.float32)}
+                "weights": np.ones((len(starts_B), T), np.float32)}
 
 
 class CopyTask:
     def __init__(self, vocab_size: int, seq_len: int):
         self.vocab_size, self.seq_len = vocab_size, seq_len
 
-    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
+    def batch(self, seed: int, split: str, index: int, batch_size: int, rows=None) -> dict:
         T = self.seq_len
         n = (T + 1 + 1) // 2
-        half_Bn = _rng(seed, split, index).integers(0, self.vocab_size, size=(batch_size, n))
+        half_Bn = np.stack([rng.integers(0, self.vocab_size, size=n)
+                            for rng in _row_rngs(seed, split, index, batch_size, rows)])
         seq_BT1 = np.concatenate([half_Bn, half_Bn], axis=1)[:, : T + 1]
-        weights_BT = np.zeros((batch_size, T), np.float32)
+        weights_BT = np.zeros((len(half_Bn), T), np.float32)
         weights_BT[:, n - 1:] = 1.0  # targets seq[n:] repeat seq[:n]
         return {"inputs": seq_BT1[:, :-1].astype(np.int32),
                 "targets": seq_BT1[:, 1:].astype(np.int32), "weights": weights_BT}
@@ -64,9 +73,9 @@ class RandomTokens:
     def __init__(self, vocab_size: int, seq_len: int):
         self.vocab_size, self.seq_len = vocab_size, seq_len
 
-    def batch(self, seed: int, split: str, index: int, batch_size: int) -> dict:
-        seq_BT1 = _rng(seed, split, index).integers(0, self.vocab_size,
-                                                    size=(batch_size, self.seq_len + 1))
+    def batch(self, seed: int, split: str, index: int, batch_size: int, rows=None) -> dict:
+        seq_BT1 = np.stack([rng.integers(0, self.vocab_size, size=self.seq_len + 1)
+                            for rng in _row_rngs(seed, split, index, batch_size, rows)])
         return {"inputs": seq_BT1[:, :-1].astype(np.int32),
                 "targets": seq_BT1[:, 1:].astype(np.int32),
-                "weights": np.ones((batch_size, self.seq_len), np.float32)}
+                "weights": np.ones((len(seq_BT1), self.seq_len), np.float32)}

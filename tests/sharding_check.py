@@ -1,0 +1,135 @@
+"""Sharded runs against a one-device run, in a process of its own with 8 simulated CPU devices.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py OUT.json
+
+tests/test_sharding.py launches it (the pytest process keeps its own device count) and
+asserts on the JSON it writes: for each mesh shape the largest loss and parameter
+differences from one device, whether every parameter is split as the rules say, whether
+greedy decoding gives the same tokens, and whether a checkpoint written on (2, 2, 2)
+restores exactly onto one device and onto (1, 2, 4).
+"""
+
+import json
+import sys
+import tempfile
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer import checkpoint, decode, sharding
+from transformer.config import base_config, validate
+from transformer.data import batches
+from transformer.training import Trainer
+
+SHAPES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
+DECODE_SHAPES = [(2, 2, 2), (1, 2, 4)]  # each decode compile costs seconds: two meshes suffice
+STEPS = 3
+PROMPTS = [[5, 6, 7], [9], [1, 2, 3, 4, 5], [8, 8]]
+
+
+def tiny_config(shape=(1, 1, 1)):
+    c = base_config()
+    c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+    c.train.update(steps=STEPS, batch_size=8, lr=3e-3, warmup_steps=1)
+    c.data.corpus = "copy"
+    c.sample.max_new_tokens = 8
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
+    return validate(c)
+
+
+def run(shape, devices):
+    config = tiny_config(shape)
+    trainer = Trainer.build(config, sharding.make_mesh(config.mesh, devices))
+    source = batches.CopyTask(config.model.vocab_size, config.model.max_seq_len)
+    state, losses, times = trainer.init(config.train.seed), [], []
+    for step in range(STEPS):
+        begin = time.perf_counter()
+        state, metrics = trainer.step_fn(state, trainer.batch(source, 0, "train", step))
+        losses.append(float(metrics["train_loss"]))
+        times.append(time.perf_counter() - begin)
+    return trainer, state, losses, times
+
+
+def max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def split_as_ruled(trainer, params):
+    """Every parameter's sharding is the rules' spec, and each device holds a piece of the
+    size that spec implies (so the array really is cut, not just labelled)."""
+    from transformer.model import logical_axes
+    names = logical_axes(trainer.model_config)
+    flat_names = jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    bad = []
+    for (path, x), logical in zip(jax.tree_util.tree_flatten_with_path(params)[0], flat_names):
+        spec = nn.logical_to_mesh_axes(logical, trainer.rules)
+        piece = list(x.shape)
+        for dim, axes in enumerate(spec):
+            for axis in (axes,) if isinstance(axes, str) else (axes or ()):
+                piece[dim] //= trainer.mesh.shape[axis]
+        if tuple(x.sharding.spec) != tuple(spec) or \
+                x.addressable_shards[0].data.shape != tuple(piece):
+            bad.append(f"{jax.tree_util.keystr(path)}: {x.sharding.spec} vs {spec}")
+    return bad
+
+
+def greedy(trainer, params, prompts, mesh=None):
+    return decode.generate(trainer.model_config, params, prompts, max_new_tokens=6,
+                           temperature=0.0, mesh=mesh, rules=trainer.rules if mesh else None)
+
+
+def main(out_path):
+    devices = jax.devices()
+    assert len(devices) == 8, f"needs 8 devices, has {len(devices)}"
+    ref_trainer, ref_state, ref_losses, ref_times = run((1, 1, 1), devices[:1])
+    ref_tokens = greedy(ref_trainer, ref_state.params, PROMPTS)
+    ref_one = greedy(ref_trainer, ref_state.params, PROMPTS[:1])
+    report = {"reference": {"losses": ref_losses, "step_s": ref_times}, "meshes": {}}
+    kept = {}
+    for shape in SHAPES:
+        trainer, state, losses, times = run(shape, devices)
+        report["meshes"][str(shape)] = {
+            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "param_diff": max_diff(state.params, ref_state.params),
+            "opt_diff": max_diff(state.opt_state, ref_state.opt_state),
+            "misplaced": split_as_ruled(trainer, state.params),
+            "step_s": times,
+        }
+        if shape in DECODE_SHAPES:
+            report["meshes"][str(shape)]["decode_same"] = (
+                greedy(trainer, state.params, PROMPTS, trainer.mesh) == ref_tokens)
+        kept[shape] = (trainer, state)
+    # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
+    trainer, state = kept[(2, 2, 2)]
+    report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one
+
+    # A checkpoint written on (2, 2, 2) restores onto one device and onto (1, 2, 4).
+    writer, state = kept[(2, 2, 2)]
+    with tempfile.TemporaryDirectory() as workdir:
+        ckpts = checkpoint.Checkpoints(workdir)
+        ckpts.save(STEPS, state.params, {"step": state.step, "opt_state": state.opt_state},
+                   {"step": STEPS})
+        ckpts.wait()
+        restored = {}
+        for name, trainer in (("one_device", ref_trainer), ("(1, 2, 4)", kept[(1, 2, 4)][0])):
+            target = trainer.abstract_state()
+            params, rest = ckpts.restore(STEPS, target.params,
+                                         {"step": target.step, "opt_state": target.opt_state})
+            same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+                jax.tree.leaves((state.params, state.opt_state)),
+                jax.tree.leaves((params, rest["opt_state"]))))
+            placed = all(a.sharding == b.sharding for a, b in zip(
+                jax.tree.leaves(params), jax.tree.leaves(target.params)))
+            restored[name] = {"identical": same, "placed": placed,
+                              "step": int(rest["step"])}
+        ckpts.close()
+    report["restore"] = restored
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,169 @@
+"""Sharding: meshes, rules and the sharded train step, decode and checkpoint restore.
+
+Checks that need several devices run in subprocesses (this pytest process keeps its one
+device): tests/sharding_check.py on 8 simulated CPU devices, and train.py as two processes
+of 2 devices joined through jax.distributed against one process of 4 devices.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import flax.linen as nn
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+
+from transformer import sharding
+from transformer.config import ConfigError, base_config, validate
+from transformer.data import batches
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(devices: int) -> dict:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
+def _abstract_mesh(shape):
+    return AbstractMesh(shape, sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def test_mesh_sizes_resolve_and_bad_ones_name_the_numbers():
+    mesh = base_config().mesh
+    assert sharding.mesh_shape(mesh, 8) == (8, 1, 1)  # the default: every device on data
+    mesh.update(data=2, fsdp=-1, tensor=2)
+    assert sharding.mesh_shape(mesh, 8) == (2, 2, 2)
+    mesh.update(data=2, fsdp=2, tensor=2)
+    with pytest.raises(ConfigError, match=r"2 x 2 x 2 = 8 devices, but there are 4"):
+        sharding.mesh_shape(mesh, 4)
+    mesh.update(data=3, fsdp=-1, tensor=1)
+    with pytest.raises(ConfigError, match=r"mesh.data=3.*does not divide the 8 devices"):
+        sharding.mesh_shape(mesh, 8)
+    mesh.update(data=-1, fsdp=-1)
+    with pytest.raises(ConfigError, match="at most one"):
+        sharding.mesh_shape(mesh, 8)
+
+
+@pytest.mark.parametrize("field, value, shape, message", [
+    ("model.n_heads", 4, (1, 1, 8), r"model.n_heads=4 is not divisible by 8 \(mesh.tensor=8"),
+    ("train.batch_size", 6, (2, 2, 1), r"train.batch_size=6 is not divisible by 4 "
+                                       r"\(mesh.data=2 x mesh.fsdp=2"),
+    ("model.d_model", 48, (1, 32, 1), r"model.d_model=48 is not divisible by 32"),
+])
+def test_sizes_the_mesh_cannot_split_fail_at_start_up(field, value, shape, message):
+    config = base_config()
+    config.model.update(d_model=64, n_heads=4, d_ff=256)
+    config.train.batch_size = 64
+    section, key = field.split(".")
+    config[section][key] = value
+    with pytest.raises(ConfigError, match=message):
+        sharding.check_fits(config, _abstract_mesh(shape))
+
+
+def test_rules_table_validated_and_batch_claims_its_axes_first():
+    config = base_config()
+    config.mesh.rules.mlp = "tensor,model"
+    with pytest.raises(ConfigError, match=r"mesh.rules.mlp=.*\['model'\]"):
+        validate(config)
+    config.mesh.rules.mlp = "tensor"
+    rules = sharding.axis_rules(config)
+    assert rules[0] == ("batch", ("data", "fsdp")) and dict(rules)["length"] is None
+    # An activation [batch, length, embed] keeps embed whole; a parameter splits it on fsdp.
+    assert tuple(nn.logical_to_mesh_axes(("batch", "length", "embed"), rules)) == (
+        ("data", "fsdp"), None, None)
+    assert tuple(nn.logical_to_mesh_axes(("embed", "mlp"), rules)) == ("fsdp", "tensor")
+
+
+@pytest.mark.parametrize("source", [batches.CopyTask(50, 16), batches.RandomTokens(50, 16),
+                                    batches.TokenStream(np.arange(500) % 97, 16, 0.1)])
+def test_any_rows_of_a_batch_can_be_built_alone(source):
+    full = source.batch(3, "train", 7, 8)
+    part = source.batch(3, "train", 7, 8, rows=[2, 3, 6])
+    for key in full:
+        np.testing.assert_array_equal(part[key], full[key][[2, 3, 6]])
+    assert not np.array_equal(full["inputs"], source.batch(3, "train", 8, 8)["inputs"])
+
+
+def test_one_device_rows_and_placement():
+    config = base_config()
+    mesh = sharding.make_mesh(config.mesh)
+    batch_sh = sharding.batch_sharding(mesh, sharding.axis_rules(config))
+    np.testing.assert_array_equal(sharding.process_rows(batch_sh, 4, 8), np.arange(4))
+    x = sharding.put_batch({"inputs": np.ones((4, 8), np.int32)}, batch_sh, 4)["inputs"]
+    assert x.shape == (4, 8) and x.sharding == batch_sh
+
+
+def test_bad_mesh_flag_is_one_error_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+         "--config.mesh.data=3", "--config.mesh.tensor=2", "--no_progress"],
+        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: mesh.data=3")
+    assert "6 devices, but there are 4" in result.stderr
+
+
+def test_sharded_meshes_match_one_device(tmp_path):
+    """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
+    greedy tokens as one device; parameters split as the rules say; a (2,2,2) checkpoint
+    restores exactly onto one device and onto (1,2,4)."""
+    out = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out)], cwd=ROOT,
+                            env=_env(8), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["meshes"]) == {"(8, 1, 1)", "(1, 8, 1)", "(2, 2, 2)", "(1, 2, 4)"}
+    for shape, r in report["meshes"].items():
+        assert r["loss_diff"] <= 1e-5, shape
+        assert r["param_diff"] <= 1e-5 and r["opt_diff"] <= 1e-5, shape
+        assert r["misplaced"] == [], shape
+        assert r.get("decode_same", True), shape
+    assert sum("decode_same" in r for r in report["meshes"].values()) >= 2
+    assert report["decode_one_same"]
+    for target, r in report["restore"].items():
+        assert r["identical"] and r["placed"] and r["step"] == 3, target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_of_four_devices(tmp_path):
+    """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4."""
+    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+            "--config.data.corpus=copy", "--config.train.steps=3", "--config.train.log_every=1",
+            "--config.train.eval_every=3", "--config.train.eval_batches=1",
+            "--config.train.ckpt_every=3", "--config.mesh.fsdp=2",
+            "--config.sample.max_new_tokens=4"]
+    port = _free_port()
+    multi = [subprocess.Popen(args + [f"--workdir={tmp_path / 'multi'}",
+                                      f"--coordinator_address=127.0.0.1:{port}",
+                                      "--num_processes=2", f"--process_id={i}"],
+                              cwd=ROOT, env=_env(2), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    single = subprocess.run(args + [f"--workdir={tmp_path / 'single'}"], cwd=ROOT, env=_env(4),
+                            capture_output=True, text=True, timeout=600)
+    outputs = [p.communicate(timeout=600) for p in multi]
+    for p, (_, err) in zip(multi, outputs):
+        assert p.returncode == 0, err[-3000:]
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert "data 2 x fsdp 2 x tensor 1 over 4 cpu devices in 2 processes" in outputs[0][0]
+    assert "sample" not in outputs[1][0] and "params:" not in outputs[1][0]  # process 0 speaks
+
+    def losses(workdir):
+        lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+        return [x["train_loss"] for x in lines if "train_loss" in x], lines
+
+    multi_losses, multi_lines = losses(tmp_path / "multi")
+    single_losses, _ = losses(tmp_path / "single")
+    assert len(multi_losses) == 3  # one writer: no line twice
+    np.testing.assert_allclose(multi_losses, single_losses, atol=1e-5, rtol=0)
+    assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
