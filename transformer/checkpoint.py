@@ -182,17 +182,6 @@ class Checkpoints:
                 raise CheckpointError("optimizer state does not match its fingerprint")
         return Restored(step, meta, params, train)
 
-    def quarantine(self, step: int) -> Path:
-        """Moves a damaged checkpoint out of the way, so the run can save that step again."""
-        target = quarantine_directory(self.workdir) / str(step)
-        target.parent.mkdir(exist_ok=True)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(directory(self.workdir) / str(step), target)
-        self._manager.reload()
-        warn(f"moved damaged checkpoint {step} to {target}")
-        return target
-
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
@@ -205,6 +194,18 @@ class Checkpoints:
             raise CheckpointError(f"{self._manager.directory}: no checkpoint yet; "
                                   "train first, or wait for the first save")
         return step
+
+
+def quarantine(workdir, step: int) -> Path:
+    """Moves a damaged checkpoint out of the way (before a writer opens the folder), so the
+    run can save that step again; kept for inspection."""
+    target = quarantine_directory(workdir) / str(step)
+    target.parent.mkdir(exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(directory(workdir) / str(step), target)
+    warn(f"moved damaged checkpoint {step} to {target}")
+    return target
 
 
 def check_writable(workdir) -> None:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from transformer import (checkpoint, config as config_lib, data, faults, resume, sharding,
                          signals)
@@ -184,6 +185,12 @@ def abstract_checkpoint(config, mesh=None):
     return abstract.params, {"step": abstract.step, "opt_state": abstract.opt_state}
 
 
+def _all_processes_here(name: str) -> None:
+    """A barrier across processes (nothing on one): what each reads must not race a write."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def find_checkpoint(workdir, config, mesh=None):
     """(the newest good checkpoint or None, steps found damaged); reads, never writes.
     Restores onto `mesh` with this config's sharding rules (a run may resume on another mesh)."""
@@ -228,10 +235,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
 
+    _all_processes_here("workdir read")  # no process writes before every one has read it
     checkpoint.check_writable(workdir)  # the first write to the workdir
-    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
     for step in damaged if main_process else ():
-        ckpts.quarantine(step)  # so that this run can save those steps again
+        checkpoint.quarantine(workdir, step)  # so that this run can save those steps again
+    _all_processes_here("damaged checkpoints moved")
+    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
     trainer = Trainer.build(config, mesh)
     t = config.train
     metrics_log = MetricsLog(workdir, enabled=main_process)
