@@ -71,12 +71,16 @@ def test_batch_is_a_pure_function_of_seed_split_and_index():
     np.testing.assert_array_equal(a["inputs"][:, 1:], a["targets"][:, :-1])
 
 
-def test_validation_windows_come_from_the_held_out_tail():
-    tokens = np.arange(10_000)
+def test_validation_windows_never_overlap_training_text():
+    tokens = np.arange(100_000)  # every token unique: a window's values say where it came from
     stream = batches.TokenStream(tokens, seq_len=16, val_fraction=0.1)
-    train_max = stream.splits["train"].max()
-    assert stream.batch(0, "val", 0, 8)["inputs"].min() > train_max
-    assert stream.batch(0, "train", 0, 8)["targets"].max() <= train_max
+    train, val = set(stream.splits["train"].tolist()), set(stream.splits["val"].tolist())
+    assert not train & val and len(train) + len(val) == len(tokens)
+    assert 0.08 < len(val) / len(tokens) < 0.12
+    assert min(val) < 20_000 and max(val) > 80_000  # spread through the corpus, not one end
+    for i in range(4):
+        assert set(stream.batch(0, "val", i, 8)["inputs"].ravel().tolist()) <= val
+        assert set(stream.batch(0, "train", i, 8)["inputs"].ravel().tolist()) <= train
 
 
 def test_a_corpus_shorter_than_one_sequence_is_refused():

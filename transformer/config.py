@@ -48,7 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.data = ml_collections.ConfigDict()
     c.data.corpus = "stdlib"        # stdlib | copy | random | a path to a text file or folder
-    c.data.tokenizer = "byte"       # byte | char
+    c.data.tokenizer = "byte"       # byte | char | bpe
+    c.data.bpe_vocab_size = 1024    # tokenizer=bpe: merges learned on the training text
     c.data.max_bytes = 4_000_000    # read at most this much text
     c.data.val_fraction = 0.05      # the tail of the corpus is held out for validation
 
@@ -169,8 +170,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if m.remat not in REMAT:
         _fail("model.remat", m.remat, f"must be one of {', '.join(REMAT)}")
 
-    if d.tokenizer not in ("byte", "char"):
-        _fail("data.tokenizer", d.tokenizer, "must be byte or char")
+    if d.tokenizer not in ("byte", "char", "bpe"):
+        _fail("data.tokenizer", d.tokenizer, "must be byte, char or bpe")
+    if d.bpe_vocab_size < 257:
+        _fail("data.bpe_vocab_size", d.bpe_vocab_size,
+              "must be at least 257 (the 256 byte tokens plus one merge)")
     if d.corpus in ("copy", "random") and d.tokenizer != "byte":
         _fail("data.tokenizer", d.tokenizer, f"synthetic corpus {d.corpus!r} needs tokenizer=byte")
     if d.max_bytes <= 0:

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from transformer import (checkpoint, config as config_lib, data, faults, resume, sharding,
-                         signals)
+from transformer import (checkpoint, config as config_lib, data, faults, flops, inspect, resume,
+                         sharding, signals)
 from transformer.config import ConfigError, ModelConfig
 from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
@@ -156,15 +156,19 @@ def evaluate(trainer: Trainer, params, source, seed: int) -> float:
 
 
 def summary(config, params, tokenizer, corpus_desc: str) -> str:
-    m, t = config.model, config.train
-    n_total = count_params(params)
-    n_embed = params["embed"]["embedding"].size + params["pos_embed"].size
-    tokens_per_step = t.batch_size * m.max_seq_len
-    return (f"model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, d_ff {m.d_ff}, "
-            f"context {m.max_seq_len}, vocab {m.vocab_size}\n"
-            f"params: {n_total:,} total, {n_total - n_embed:,} non-embedding\n"
-            f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} tokens/step, "
-            f"{t.steps:,} steps = {tokens_per_step * t.steps:,} tokens")
+    """`python -m transformer.inspect`'s report for this run, then what it trains on."""
+    t = config.train
+    model_config = ModelConfig.from_config(config)
+    lines = [inspect.summary(model_config, batch=t.batch_size, check=False)]
+    counted, real = flops.param_counts(model_config)["total"], count_params(params)
+    if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
+        lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
+    tokens_per_step = t.batch_size * config.model.max_seq_len
+    total_tokens = tokens_per_step * t.steps
+    lines.append(f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} "
+                 f"tokens/step, {t.steps:,} steps = {total_tokens:,} tokens, "
+                 f"{flops.train_flops_per_token(model_config) * total_tokens:.3g} FLOPs")
+    return "\n".join(lines)
 
 
 def resolve(config, tokenizer) -> None:
@@ -279,15 +283,17 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
                     tokens_per_s = meter.tick(tokens_since_log)
                     tokens_since_log = 0
                     loss = float(metrics["train_loss"])
-                    metrics_log.write(step=done, train_loss=loss, grad_norm=metrics["grad_norm"],
-                                      tokens_per_s=tokens_per_s, skipped_steps=guard.skipped)
+                    metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
+                                      grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s,
+                                      skipped_steps=guard.skipped)
                     bar.update(1, loss=loss, tok_s=tokens_per_s)
                 else:
                     bar.update(1)
                 if done % t.eval_every == 0 or done == t.steps:
                     with meter.paused():  # evaluation time is not training throughput
                         val_loss = evaluate(trainer, state.params, source, t.seed)
-                    metrics_log.write(step=done, val_loss=val_loss)
+                    metrics_log.write(step=done, tokens=done * tokens_per_step,
+                                      val_loss=val_loss)
                     bar.write(f"step {done}: val_loss {val_loss:.4f}")
                 if done % t.ckpt_every == 0 or done == end or stop.requested:
                     guard.flush()  # never save a state that followed an unchecked step

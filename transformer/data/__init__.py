@@ -21,7 +21,7 @@ def load(config, tokenizer=None):
         task = batches.CopyTask if d.corpus == "copy" else batches.RandomTokens
         return tokenizer, task(vocab, seq_len)
     text = corpus.read_corpus(d.corpus, d.max_bytes)
-    tokenizer = tokenizer or tokenizers.build(d.tokenizer, text)
+    tokenizer = tokenizer or tokenizers.build(d.tokenizer, text, d.bpe_vocab_size)
     return tokenizer, batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
 
 

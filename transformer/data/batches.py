@@ -10,7 +10,7 @@ A batch is a dict of int32 arrays:
     weights  [B, T]   1.0 where the loss counts, 0.0 where it does not
 
 Sources:
-- `TokenStream`: random windows of a tokenized corpus, the last `val_fraction` held out.
+- `TokenStream`: random windows of a tokenized corpus, `val_fraction` of it held out.
 - `CopyTask`: n random tokens followed by the same n again; only the copied half counts, and
   a model can only predict it by attending back n positions (attention must move information).
 - `RandomTokens`: i.i.d. uniform tokens. Nothing is predictable, so the loss cannot fall below
@@ -33,13 +33,25 @@ def _row_rngs(seed: int, split: str, index: int, batch_size: int, rows) -> list:
 
 
 class TokenStream:
+    """Windows of a token array. Validation holds out `val_fraction` of the corpus as evenly
+    spread blocks (every k-th of about 100), so it samples the same mix of text as training
+    rather than whatever happens to sit at the end of the corpus."""
+
+    BLOCKS = 100
+
     def __init__(self, tokens: np.ndarray, seq_len: int, val_fraction: float):
-        n_val = max(seq_len + 1, int(len(tokens) * val_fraction))
-        if len(tokens) - n_val < seq_len + 1:
+        block = max(seq_len + 1, len(tokens) // self.BLOCKS)
+        every = max(2, round(1 / val_fraction))
+        starts = range(0, len(tokens), block)
+        val = [tokens[s:s + block] for i, s in enumerate(starts) if i % every == every - 1]
+        train = [tokens[s:s + block] for i, s in enumerate(starts) if i % every != every - 1]
+        if not val:  # too short for one held-out block in `every`: hold out the tail instead
+            val, train = [tokens[-block:]], [tokens[:-block]]
+        self.splits = {"train": np.concatenate(train), "val": np.concatenate(val)}
+        if min(map(len, self.splits.values())) < seq_len + 1:
             raise CorpusError(
                 f"the corpus has {len(tokens)} tokens, too few for training and validation "
                 f"windows of {seq_len + 1} tokens: give more text or a smaller model.max_seq_len")
-        self.splits = {"train": tokens[:-n_val], "val": tokens[-n_val:]}
         self.seq_len = seq_len
 
     def batch(self, seed: int, split: str, index: int, batch_size: int, rows=None) -> dict:

@@ -1,0 +1,22 @@
+"""IsoFLOP curves on GPU (Hoffmann et al. 2022, approach 2): the 5 smaller sizes of the GPU
+ladder (10.6M → 394M) at 1e17, 3e17 and 1e18 FLOPs; every size gets tokens = budget / (its
+training FLOPs per token).
+
+    python -m transformer.scaling --sweep=configs/scaling/gpu_isoflop.py --workdir=runs/isoflop
+
+15 runs; the report fits L(N, D) over all of them. Same rule as gpu_ladder.py.
+"""
+
+from transformer.config import base_config
+from transformer.scaling import ladder, sweep_config
+
+
+def get_config():
+    base = base_config()
+    base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
+                      remat="dots")
+    base.data.update(tokenizer="bpe", bpe_vocab_size=32768, max_bytes=2_000_000_000)
+    base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
+                      eval_every=1000, eval_batches=20, ckpt_every=1000)
+    return sweep_config(base, ladder([6, 8, 12, 16, 20], aspect=64, head_dim=64),
+                        budget_kind="flops", budgets=[1e17, 3e17, 1e18])

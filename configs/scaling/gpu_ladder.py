@@ -1,0 +1,25 @@
+"""The GPU ladder: 7 sizes, 10.6M → 1.08B non-embedding params, Chinchilla budget.
+
+    python -m transformer.scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder
+    python -m transformer.scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder --index=3
+
+Sizing rule (transformer.scaling.ladder): d_model = 64 × n_layers, heads of 64 (n_heads =
+n_layers), d_ff = 4 × d_model, n_layers in 6, 8, 12, 16, 20, 24, 28. Each run sees 20 tokens
+per non-embedding parameter (Hoffmann et al. 2022): 0.2B tokens for the smallest, 22B for
+the largest. GPT-2-sized BPE (32K tokens), context 1024, bfloat16 compute, scanned layers.
+Point data.corpus at a large text corpus; the standard library is far too small for this.
+"""
+
+from transformer.config import base_config
+from transformer.scaling import ladder, sweep_config
+
+
+def get_config():
+    base = base_config()
+    base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
+                      remat="dots")
+    base.data.update(tokenizer="bpe", bpe_vocab_size=32768, max_bytes=2_000_000_000)
+    base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
+                      eval_every=1000, eval_batches=20, ckpt_every=1000)
+    return sweep_config(base, ladder([6, 8, 12, 16, 20, 24, 28], aspect=64, head_dim=64),
+                        budget_kind="chinchilla", budgets=[20])

@@ -1,0 +1,88 @@
+"""Parameter and FLOP arithmetic (flops.py) against the real model and against hand counts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from transformer import flops, inspect
+from transformer.config import ModelConfig
+from transformer.model import count_params, init_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=64)
+
+
+@pytest.mark.parametrize("config", [
+    SMALL,
+    ModelConfig(vocab_size=100, d_model=48, n_layers=3, n_heads=2, d_ff=80, max_seq_len=20,
+                tie_embeddings=False),
+    ModelConfig(vocab_size=300, d_model=32, n_layers=4, n_heads=8, d_ff=128, max_seq_len=16,
+                scan_layers=True),
+    ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=1, d_ff=16, max_seq_len=8,
+                tie_embeddings=False, scan_layers=True, remat="block"),
+], ids=["tied", "untied", "scanned", "untied-scanned-remat"])
+def test_counts_equal_the_initialised_parameters(config):
+    real = count_params(init_params(config, jax.random.key(0)))
+    assert flops.param_counts(config)["total"] == real
+    assert inspect.real_param_count(config) == real  # eval_shape: same count, no memory
+
+
+def test_components_by_hand_for_a_small_config():
+    # V=256, D=64, L=2, H=4 (K=16), F=256, T=64, tied.
+    c = flops.param_counts(SMALL)
+    assert c["token_embedding"] == 256 * 64 and c["position_embedding"] == 64 * 64
+    assert c["attention_q"] == c["attention_o"] == 2 * (64 * 64 + 64)
+    assert c["mlp"] == 2 * (64 * 256 + 256 + 256 * 64 + 64)
+    assert c["norms"] == 2 * 4 * 64 + 2 * 64 and c["head"] == 0
+    assert c["non_embedding"] == c["total"] - 256 * 64 - 64 * 64 == 100_096
+
+
+def test_flops_by_hand_for_a_small_config():
+    # Matmul weights: per block 4·D² (Q, K, V, O) + 2·D·F; plus the V·D head.
+    weights = 2 * (4 * 64 * 64 + 2 * 64 * 256) + 256 * 64
+    assert flops.matmul_weights(SMALL) == weights == 114_688
+    # Causal attention: L · 2 matmuls · 2 FLOPs · D · (T+1)/2 average keys.
+    attention = 2 * 2 * 2 * 64 * 65 / 2
+    assert flops.attention_flops_per_token(SMALL) == attention == 16_640
+    assert flops.forward_flops_per_token(SMALL) == 2 * weights + attention
+    assert flops.train_flops_per_token(SMALL) == 6 * weights + 3 * attention == 738_048
+    # A full (non-causal) count would be 2·L·2·D·T; we count the triangle, about half.
+    assert attention < 2 * 2 * 2 * 64 * 64
+
+
+def test_kv_cache_and_activation_bytes():
+    assert flops.kv_cache_bytes_per_token(SMALL) == 2 * 2 * 4 * 16 * 4  # K,V × L × H × K × f32
+    assert flops.kv_cache_bytes_per_token(SMALL, "bfloat16") == 2 * 2 * 4 * 16 * 2
+    assert flops.kv_cache_bytes(SMALL, batch=3) == 3 * 64 * flops.kv_cache_bytes_per_token(SMALL)
+    full = flops.activation_bytes(SMALL, batch=8)
+    assert 0 < flops.activation_bytes(SMALL, batch=8, remat="block") < full
+    assert flops.activation_bytes(SMALL, batch=16) == pytest.approx(2 * full)
+
+
+def test_gpt3_175b_from_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "transformer.inspect",
+                          "--config=configs/gpt3_175b.py", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert abs(report["params_total"] / 175e9 - 1) < 0.01
+    assert report["params_non_embedding"] < report["params_total"]
+    # 6N dominates: the attention term at context 2048 adds about 1.4%.
+    assert 1.0 < report["train_flops_per_token"] / (6 * report["params_total"]) < 1.03
+    # K and V: 2 × 96 layers × 12288 × 2 bytes (bfloat16) per token.
+    assert report["kv_cache_bytes_per_token"] == 2 * 96 * 12288 * 2
+
+
+def test_inspect_text_and_errors():
+    text = subprocess.run([sys.executable, "-m", "transformer.inspect",
+                           "--config=configs/tiny.py"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert text.returncode == 0 and "non-embedding" in text.stdout and "KV cache" in text.stdout
+    missing = subprocess.run([sys.executable, "-m", "transformer.inspect"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --config")

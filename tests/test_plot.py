@@ -1,0 +1,56 @@
+"""Loss curves of several workdirs into one PNG, through the command line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from transformer import plot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake_run(workdir: Path, scale: float, tokens: bool = True):
+    workdir.mkdir(parents=True)
+    lines = []
+    for step in range(10, 101, 10):
+        extra = {"tokens": step * 512} if tokens else {}
+        lines.append({"step": step, **extra, "train_loss": scale / step ** 0.2,
+                      "tokens_per_s": 1000.0})
+        if step % 50 == 0:
+            lines.append({"step": step, **extra, "val_loss": scale / step ** 0.2 + 0.1})
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_read_curves_splits_train_and_val(tmp_path):
+    _fake_run(tmp_path / "a", 5.0)
+    curves = plot.read_curves(tmp_path / "a")
+    steps, tokens, losses = curves["train"]
+    assert len(steps) == 10 and np.array_equal(tokens, steps * 512)
+    assert np.all(np.diff(losses) < 0)
+    assert list(curves["val"][0]) == [50, 100]
+
+
+def test_plot_cli_writes_one_png_for_many_runs(tmp_path):
+    _fake_run(tmp_path / "a", 5.0)
+    _fake_run(tmp_path / "b", 4.0, tokens=False)  # an older run: plotted against steps only
+    out = tmp_path / "curves.png"
+    result = subprocess.run([sys.executable, "-m", "transformer.plot", str(tmp_path / "a"),
+                             str(tmp_path / "b"), f"--out={out}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
+    assert str(out) in result.stdout
+
+
+def test_plot_cli_refuses_a_folder_without_metrics(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "transformer.plot", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "no metrics.jsonl" in result.stderr
+
+
+def test_labels_name_each_run():
+    assert plot.labels_for(["runs/a", "runs/b"]) == ["a", "b"]
+    assert plot.labels_for(["x/run", "y/run"]) == ["x/run", "y/run"]

@@ -1,0 +1,155 @@
+"""Sweeps, fits and the report: power-law fits recover known constants; a tiny 3-size sweep
+runs end to end through the command line and a rerun skips what finished."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transformer import fit, scaling
+from transformer.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_power_law_fit_recovers_known_constants():
+    rng = np.random.default_rng(0)
+    N = np.geomspace(1e4, 1e7, 8)
+    loss = 1.5 + 50.0 * N ** -0.3 + rng.normal(0, 0.005, N.shape)
+    f = fit.power_law(N, loss)
+    assert abs(f["alpha"] - 0.3) < 0.02 and abs(f["E"] - 1.5) < 0.05
+    assert abs(f["A"] / 50.0 - 1) < 0.15
+    for name in ("E", "A", "alpha"):  # the truth lies within a few standard errors
+        assert 0 < f[f"{name}_err"] < np.inf
+        assert abs(f[name] - {"E": 1.5, "A": 50.0, "alpha": 0.3}[name]) < 4 * f[f"{name}_err"]
+
+
+def test_two_term_fit_recovers_known_constants():
+    rng = np.random.default_rng(1)
+    N = np.repeat(np.geomspace(1e5, 1e8, 5), 3)
+    D = np.tile(np.geomspace(1e7, 1e10, 3), 5)
+    loss = 1.7 + 400 * N ** -0.34 + 410 * D ** -0.28 + rng.normal(0, 0.003, N.shape)
+    f = fit.power_law_nd(N, D, loss)
+    assert abs(f["alpha"] - 0.34) < 0.03 and abs(f["beta"] - 0.28) < 0.03
+    assert abs(f["E"] - 1.7) < 0.05
+    assert np.allclose(fit.predict(f, N, D), loss, atol=0.02)
+
+
+def test_fits_refuse_too_few_points():
+    assert fit.power_law([1e4, 1e5], [3.0, 2.5]) is None
+    assert fit.power_law_nd([1e4, 1e5, 1e6], [1e6] * 3, [3.0, 2.5, 2.2]) is None
+    f = fit.power_law([1e4, 1e5, 1e6], [3.0, 2.5, 2.3])  # exact: no error estimate
+    assert np.isnan(f["alpha_err"]) and f["rmse"] < 1e-6
+
+
+def test_ladder_follows_its_rule_and_budgets_set_steps():
+    sizes = scaling.ladder([1, 2, 4], aspect=32, head_dim=32)
+    assert [s["d_model"] for s in sizes] == [32, 64, 128]
+    assert all(s["d_model"] == s["n_heads"] * 32 == s["d_ff"] // 4 for s in sizes)
+    with pytest.raises(ConfigError, match="head_dim"):
+        scaling.ladder([3], aspect=20, head_dim=32)
+
+    from transformer.config import base_config
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.sample.max_new_tokens = 10
+    base.train.batch_size = 4  # 128 tokens a step
+    for kind, budget in (("tokens", 12_800), ("flops", 1e10), ("chinchilla", 2)):
+        members = scaling.members(scaling.sweep_config(base, sizes, kind, [budget]))
+        assert len(members) == 3 and len({m.name for m in members}) == 3
+        steps = [m.config.train.steps for m in members]
+        if kind == "tokens":
+            assert steps == [100, 100, 100]
+        else:  # compute-fixed: bigger models see fewer tokens; tokens ∝ params: more
+            assert steps == sorted(steps, reverse=(kind == "flops")) and steps[0] != steps[-1]
+    with pytest.raises(ConfigError, match="budget_kind"):
+        scaling.members(scaling.sweep_config(base, sizes, "epochs", [1]))
+
+
+TINY_SWEEP = '''
+from transformer.config import base_config
+from transformer.scaling import ladder, sweep_config
+
+def get_config():
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.data.update(max_bytes=100_000)
+    base.train.update(batch_size=4, lr=3e-3, warmup_steps=2, log_every=4, eval_every=8,
+                      eval_batches=1, ckpt_every=8)
+    base.sample.max_new_tokens = 10
+    return sweep_config(base, ladder([1, 2, 3], aspect=16, head_dim=16),
+                        budget_kind="tokens", budgets=[1000])
+'''
+
+
+def _scaling(*args):
+    return subprocess.run([sys.executable, "-m", "transformer.scaling", "--no_progress", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
+    sweep_file = tmp_path / "tiny_sweep.py"
+    sweep_file.write_text(TINY_SWEEP)
+    workdir = tmp_path / "sweep"
+    first = _scaling(f"--sweep={sweep_file}", f"--workdir={workdir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = sorted(p.parent.name for p in workdir.glob("*/result.json"))
+    assert runs == ["L1-d16_tok1K", "L2-d32_tok1K", "L3-d48_tok1K"]
+    for name in ("report.csv", "report.md", "fit.json", "loss_vs_params.png",
+                 "loss_vs_compute.png", "loss_curves.png"):
+        assert (workdir / name).stat().st_size > 0, name
+    assert (workdir / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    rows = (workdir / "report.csv").read_text().splitlines()
+    assert len(rows) == 4 and rows[0].startswith("name,")
+    fits = json.loads((workdir / "fit.json").read_text())
+    assert set(fits["L(N)"]) >= {"E", "A", "alpha", "alpha_err"}  # 3 points: a fit, no error
+    assert "L(N):" in first.stdout
+
+    # Each member is an ordinary run: 8 steps of 128 tokens, checkpointed.
+    assert (workdir / "L2-d32_tok1K" / "checkpoints" / "8").is_dir()
+
+    metrics_before = (workdir / "L1-d16_tok1K" / "metrics.jsonl").read_text()
+    again = _scaling(f"--sweep={sweep_file}", f"--workdir={workdir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished, skipped") == 3
+    assert (workdir / "L1-d16_tok1K" / "metrics.jsonl").read_text() == metrics_before
+
+    report = _scaling(f"--workdir={workdir}", "--report")
+    assert report.returncode == 0 and "val loss falls monotonically" in report.stdout
+
+
+def test_index_out_of_range_and_empty_report_are_one_line_errors(tmp_path):
+    sweep_file = tmp_path / "tiny_sweep.py"
+    sweep_file.write_text(TINY_SWEEP)
+    bad = _scaling(f"--sweep={sweep_file}", f"--workdir={tmp_path / 'w'}", "--index=7")
+    assert bad.returncode == 2 and "--index=7" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "w").exists()  # nothing written for a bad index
+    empty = _scaling(f"--workdir={tmp_path / 'nothing'}", "--report")
+    assert empty.returncode == 2 and "no finished sweep members" in empty.stderr
+
+
+def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):
+    """Runs written by hand (no training): 3 sizes × 3 token budgets on a known L(N, D)."""
+    for i, (n, d) in enumerate((n, d) for d in (1e6, 4e6, 16e6) for n in (1e4, 1e5, 1e6)):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        loss = 1.0 + 30 * n ** -0.3 + 200 * d ** -0.35
+        (run / "result.json").write_text(json.dumps(dict(
+            name=run.name, budget="tokens", budget_value=d, n_layers=1, d_model=8, steps=10,
+            tokens=d, params_total=int(n * 1.1), params_non_embedding=int(n), flops=6 * n * d,
+            wall_s=1.0)))
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 10, "tokens": d, "train_loss": loss, "tokens_per_s": 5.0})
+            + "\n" + json.dumps({"step": 10, "tokens": d, "val_loss": loss}) + "\n")
+    lines = []
+    fits = scaling.report(tmp_path, log=lines.append)
+    assert abs(fits["L(N,D)"]["alpha"] - 0.3) < 0.02 and abs(fits["L(N,D)"]["beta"] - 0.35) < 0.02
+    assert fits["L(N)"]["n_points"] == 3  # the largest budget only
+    assert fits["L(C)"] is not None
+    assert "monotonically with size: yes" in lines[0]
+    assert len((tmp_path / "report.csv").read_text().splitlines()) == 10
+    for name in ("loss_vs_params.png", "loss_vs_compute.png", "loss_curves.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

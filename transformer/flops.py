@@ -1,0 +1,109 @@
+"""Parameters, FLOPs and memory of a model, from its shape alone (pure arithmetic, no arrays).
+
+    from transformer.config import ModelConfig
+    from transformer import flops
+    c = ModelConfig(vocab_size=50257, d_model=12288, n_layers=96, n_heads=96, d_ff=49152,
+                    max_seq_len=2048)
+    flops.param_counts(c)["total"]       # 174.6e9: GPT-3
+    flops.train_flops_per_token(c)       # 6 N + the attention term
+
+The counts follow `model.py` layer by layer (D d_model, K head dim, H query heads, G key/value
+heads, F MLP width, V vocabulary, T context, L layers):
+    token embedding  V·D            position embedding  T·D
+    attention        Q: D·H·K + H·K   K, V: D·G·K + G·K each   O: H·K·D + D
+    MLP              D·F + F  +  F·D + D
+    norms            2·2D per block, 2D final
+    head             V·D, only when untied (tied: logits = h·E^T reuse the embedding)
+`tests/test_flops.py` checks these against the real initialised parameters.
+
+FLOPs count a multiply-add as 2. The forward pass does 2 FLOPs per weight of every matmul
+(the non-embedding weights plus the output head, tied or not; an embedding lookup is free) and
+attention's two score matmuls, Q·K^T and weights·V, 2·D FLOPs each per (query, key) pair.
+Causal attention lets query t see t+1 keys, (T+1)/2 on average, so per token and layer the
+attention term is 2·2·D·(T+1)/2: the lower triangle is counted once, where the Chinchilla
+paper (Hoffmann et al. 2022, Table 4) counts the full T×T square, i.e. twice. Kaplan et al.
+(2020, Table 1) give the same 2·L·T·D. Training = forward + backward = 3 × forward, which is
+the familiar 6N + 6·L·D·(T+1) per token.
+"""
+
+from __future__ import annotations
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def n_kv_heads(c) -> int:
+    """Key/value heads. Equals n_heads today; grouped-query attention will set fewer, and
+    every count below (K and V projections, KV cache) already goes through this."""
+    return getattr(c, "n_kv_heads", None) or c.n_heads
+
+
+def param_counts(c) -> dict:
+    """Parameters by component, plus `total` and `non_embedding` (Kaplan's N: everything but
+    the token and position embeddings; an untied head counts as embedding too)."""
+    D, K, H, G, F, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.d_ff, c.n_layers
+    counts = {
+        "token_embedding": c.vocab_size * D,
+        "position_embedding": c.max_seq_len * D,
+        "attention_q": L * (D * H * K + H * K),
+        "attention_k": L * (D * G * K + G * K),
+        "attention_v": L * (D * G * K + G * K),
+        "attention_o": L * (H * K * D + D),
+        "mlp": L * (D * F + F + F * D + D),
+        "norms": L * 2 * 2 * D + 2 * D,
+        "head": 0 if c.tie_embeddings else c.vocab_size * D,
+    }
+    embedding = counts["token_embedding"] + counts["position_embedding"] + counts["head"]
+    counts["total"] = sum(counts.values())
+    counts["non_embedding"] = counts["total"] - embedding
+    return counts
+
+
+def matmul_weights(c) -> int:
+    """Weights that take part in a matmul per token: every block's kernels plus the head."""
+    D, K, H, G, F, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.d_ff, c.n_layers
+    per_block = D * H * K + 2 * D * G * K + H * K * D + 2 * D * F
+    return L * per_block + c.vocab_size * D
+
+
+def attention_flops_per_token(c, context: int | None = None) -> float:
+    """Forward FLOPs of Q·K^T and weights·V per token, causal: (T+1)/2 keys on average."""
+    T = c.max_seq_len if context is None else context
+    return c.n_layers * 2 * 2 * c.n_heads * c.head_dim * (T + 1) / 2
+
+
+def forward_flops_per_token(c, context: int | None = None) -> float:
+    return 2 * matmul_weights(c) + attention_flops_per_token(c, context)
+
+
+def train_flops_per_token(c, context: int | None = None) -> float:
+    """Forward plus backward (twice the forward): 6N + 6·L·D·(T+1) for multi-head attention."""
+    return 3 * forward_flops_per_token(c, context)
+
+
+def kv_cache_bytes_per_token(c, dtype: str | None = None) -> int:
+    """K and V of every layer for one position."""
+    return 2 * c.n_layers * n_kv_heads(c) * c.head_dim * BYTES[dtype or c.dtype]
+
+
+def kv_cache_bytes(c, batch: int, dtype: str | None = None) -> int:
+    """A full-context cache (max_seq_len slots) for `batch` sequences."""
+    return kv_cache_bytes_per_token(c, dtype) * c.max_seq_len * batch
+
+
+def activation_bytes(c, batch: int, remat: str | None = None) -> int:
+    """A rough peak of the activations one training step keeps for the backward pass.
+
+    Per block, Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 1) count
+    T·B·D·(34 + 5·H·T/D) bytes with 16-bit activations; we scale by the compute dtype's
+    width over 2. With remat='block' only each block's input is kept, plus one block's full
+    set while it is recomputed. The float32 logits and their gradient add 2·B·T·V·4 bytes.
+    """
+    T, D, H, L = c.max_seq_len, c.d_model, c.n_heads, c.n_layers
+    width = BYTES[c.dtype] / 2
+    per_block = T * batch * D * (34 + 5 * H * T / D) * width
+    remat = c.remat if remat is None else remat
+    if remat == "none":
+        blocks = L * per_block
+    else:  # 'block' or 'dots': inputs of every block, one block's worth live at a time
+        blocks = L * T * batch * D * BYTES[c.dtype] + per_block
+    return int(blocks + 2 * batch * T * c.vocab_size * 4)

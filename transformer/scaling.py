@@ -1,0 +1,301 @@
+"""Scaling sweeps: train a ladder of model sizes under a budget, then fit how loss scales.
+
+    python -m transformer.scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
+    python -m transformer.scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder --index=2
+    python -m transformer.scaling --workdir=runs/ladder --report
+
+A sweep config (see `configs/scaling/`) holds a base training config, a list of sizes (from
+`ladder`, one sizing rule) and a budget per run:
+    tokens      every run sees `value` tokens
+    flops       IsoFLOP: tokens = value / (training FLOPs per token of that size)
+    chinchilla  tokens = value × non-embedding params (Hoffmann et al. 2022 use ~20)
+Each budget value × size is a member: an ordinary training run in <workdir>/<name>, so it can
+be sampled, resumed and plotted like any other. A finished member (it has `result.json`) is
+skipped; a partial one resumes from its checkpoint. `--index=i` runs member i alone, so a
+scheduler can fan the sweep out; the report then gathers whatever has finished.
+
+The report writes report.csv, report.md, fit.json and three PNGs into the workdir:
+loss_vs_params.png, loss_vs_compute.png and loss_curves.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+from transformer import fit, flops, plot
+from transformer.config import ConfigError, ModelConfig, validate
+from transformer.inspect import human, model_config_of
+from transformer.metrics import MetricsLog
+
+BUDGETS = ("tokens", "flops", "chinchilla")
+
+
+def ladder(n_layers, aspect: int, head_dim: int, mlp_ratio: int = 4) -> list[dict]:
+    """The sizing rule: d_model = aspect × n_layers, heads of `head_dim`, d_ff = mlp_ratio ×
+    d_model. A fixed aspect ratio grows width and depth together, as Kaplan et al. found best."""
+    sizes = []
+    for L in n_layers:
+        d = aspect * L
+        if d % head_dim:
+            raise ConfigError(f"ladder: d_model={d} (aspect {aspect} × {L} layers) is not a "
+                              f"multiple of head_dim={head_dim}")
+        sizes.append(dict(name=f"L{L}-d{d}", n_layers=L, d_model=d, n_heads=d // head_dim,
+                          d_ff=mlp_ratio * d))
+    return sizes
+
+
+def sweep_config(base, sizes, budget_kind: str, budgets) -> ml_collections.ConfigDict:
+    """What a sweep config file's get_config() returns: `budgets` are token counts, FLOP
+    counts or tokens per parameter, as `budget_kind` says."""
+    s = ml_collections.ConfigDict()
+    s.base = base
+    s.sizes = [dict(size) for size in sizes]
+    s.budget_kind = budget_kind
+    s.budgets = tuple(budgets)
+    return s
+
+
+@dataclasses.dataclass
+class Member:
+    index: int
+    name: str
+    config: ml_collections.ConfigDict
+    budget: str
+    value: float
+
+    @property
+    def tokens(self) -> int:
+        return self.config.train.steps * self.config.train.batch_size * \
+            self.config.model.max_seq_len
+
+
+def members(sweep) -> list[Member]:
+    """Every run of the sweep, budgets outer, sizes inner (small to large)."""
+    kind = sweep.budget_kind
+    if kind not in BUDGETS:
+        raise ConfigError(f"sweep.budget_kind={kind!r}: must be one of {', '.join(BUDGETS)}")
+    if not sweep.sizes or not sweep.budgets:
+        raise ConfigError("sweep.sizes and sweep.budgets must not be empty")
+    out = []
+    for value in sweep.budgets:
+        for size in sweep.sizes:
+            config = ml_collections.ConfigDict(sweep.base.to_dict())
+            config.model.update({k: v for k, v in size.items() if k != "name"})
+            model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
+            if kind == "tokens":
+                tokens = value
+            elif kind == "flops":
+                tokens = value / flops.train_flops_per_token(model)
+            else:
+                tokens = value * flops.param_counts(model)["non_embedding"]
+            tokens_per_step = config.train.batch_size * config.model.max_seq_len
+            config.train.steps = max(1, round(tokens / tokens_per_step))
+            tag = {"tokens": f"tok{human(value)}", "chinchilla": f"x{value:g}",
+                   "flops": f"flop{value:.1e}".replace("e+", "e")}[kind]
+            name = f"{size['name']}_{tag}"
+            out.append(Member(len(out), name, validate(config), kind, value))
+    return out
+
+
+def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[str]:
+    """Trains the members not yet finished (or only member `index`). Returns those trained."""
+    from transformer import training  # jax, flax, optax: not needed for --report
+    all_members = members(sweep)
+    if index is not None and not 0 <= index < len(all_members):
+        raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "sweep.json").write_text(json.dumps(
+        {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
+        indent=1))
+    chosen = all_members if index is None else [all_members[index]]
+    trained = []
+    for m in chosen:
+        run_dir = workdir / m.name
+        result = _read_json(run_dir / "result.json")
+        if result and result["steps"] == m.config.train.steps:
+            log(f"[{m.index + 1}/{len(all_members)}] {m.name}: finished, skipped")
+            continue
+        log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
+            f"{m.tokens:,} tokens")
+        started = time.perf_counter()
+        training.train(m.config, run_dir, log=log, progress=progress)  # resolves vocab_size
+        wall_s = time.perf_counter() - started
+        model = ModelConfig.from_config(m.config)
+        counts = flops.param_counts(model)
+        (run_dir / "result.json").write_text(json.dumps(dict(
+            name=m.name, index=m.index, budget=m.budget, budget_value=m.value,
+            n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
+            tokens=m.tokens, params_total=counts["total"],
+            params_non_embedding=counts["non_embedding"],
+            flops=flops.train_flops_per_token(model) * m.tokens, wall_s=wall_s), indent=1))
+        trained.append(m.name)
+    return trained
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+COLUMNS = ("name", "n_layers", "d_model", "params_total", "params_non_embedding", "tokens",
+           "flops", "train_loss", "val_loss", "wall_s", "tokens_per_s")
+
+
+def collect(workdir) -> list[dict]:
+    """One row per finished member, with its final losses and median throughput."""
+    rows = []
+    for result_path in sorted(Path(workdir).glob("*/result.json")):
+        row = json.loads(result_path.read_text())
+        lines = MetricsLog(result_path.parent).read()
+        train = [r for r in lines if "train_loss" in r]
+        val = [r for r in lines if "val_loss" in r]
+        row["train_loss"] = train[-1]["train_loss"] if train else math.nan
+        row["val_loss"] = val[-1]["val_loss"] if val else math.nan
+        # The first interval includes compilation; the median ignores it.
+        rates = [r["tokens_per_s"] for r in train if "tokens_per_s" in r]
+        row["tokens_per_s"] = float(np.median(rates)) if rates else math.nan
+        row["workdir"] = str(result_path.parent)
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["budget_value"], r["params_non_embedding"]))
+
+
+def _frontier(rows):
+    """Runs no cheaper run beats: the compute-efficient frontier that L(C) is fitted to."""
+    best, out = math.inf, []
+    for r in sorted(rows, key=lambda r: r["flops"]):
+        if r["val_loss"] < best:
+            best = r["val_loss"]
+            out.append(r)
+    return out
+
+
+def report(workdir, log=print) -> dict:
+    """Writes the table, the fits and the plots of the finished members; returns the fits."""
+    workdir = Path(workdir)
+    rows = collect(workdir)
+    if not rows:
+        raise ConfigError(f"--workdir={workdir}: no finished sweep members there (each has a "
+                          "result.json); run the sweep first")
+    expected = (_read_json(workdir / "sweep.json") or {}).get("members", [])
+    missing = sorted(set(expected) - {r["name"] for r in rows})
+
+    with (workdir / "report.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown_table(rows)
+
+    # L(N) is fitted across sizes at one budget: the largest (fixed tokens, or tokens per
+    # parameter). An IsoFLOP budget trades size against tokens, so its L(N) is a valley,
+    # not a power law: those sweeps are fitted by L(C) and L(N, D) only.
+    ok = [r for r in rows if math.isfinite(r["val_loss"])]
+    budgets = sorted({r["budget_value"] for r in ok})
+    largest = [r for r in ok if r["budget_value"] == budgets[-1]] if budgets else []
+    if rows[0]["budget"] == "flops":
+        largest = []
+    frontier = _frontier(ok)
+    fits = {
+        "L(N)": fit.power_law([r["params_non_embedding"] for r in largest],
+                              [r["val_loss"] for r in largest]),
+        "L(C)": fit.power_law([r["flops"] for r in frontier], [r["val_loss"] for r in frontier]),
+        "L(N,D)": fit.power_law_nd([r["params_non_embedding"] for r in ok],
+                                   [r["tokens"] for r in ok], [r["val_loss"] for r in ok]),
+    }
+    (workdir / "fit.json").write_text(json.dumps(fits, indent=1))
+
+    lines = [table, ""]
+    for name, f in fits.items():
+        x = {"L(N)": "N", "L(C)": "C", "L(N,D)": "N"}[name]
+        lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"))
+    if len(budgets) > 1 and largest:
+        lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget)")
+    if largest:
+        lines.append("val loss falls monotonically with size: "
+                     + ("yes" if _monotonic(largest) else "NO"))
+    if missing:
+        lines.append(f"not finished yet: {', '.join(missing)}")
+    (workdir / "report.md").write_text("\n".join(lines) + "\n")
+
+    groups = [budget_label(r["budget"], r["budget_value"]) for r in rows]
+    plots = [
+        plot.plot_scaling([r["params_non_embedding"] for r in rows], [r["val_loss"] for r in rows],
+                          fits["L(N)"], workdir / "loss_vs_params.png",
+                          "non-embedding parameters N", groups),
+        plot.plot_scaling([r["flops"] for r in rows], [r["val_loss"] for r in rows],
+                          fits["L(C)"], workdir / "loss_vs_compute.png",
+                          "training compute C (FLOPs)", groups),
+        plot.plot_runs([r["workdir"] for r in rows], workdir / "loss_curves.png",
+                       labels=[r["name"] for r in rows], title="sweep"),
+    ]
+    lines.append("wrote " + ", ".join(str(p) for p in
+                                      [workdir / "report.csv", workdir / "report.md",
+                                       workdir / "fit.json", *plots]))
+    log("\n".join(lines))
+    return fits
+
+
+def budget_label(kind: str, value: float) -> str:
+    return {"tokens": f"{human(value)} tokens", "flops": f"{value:.1e} FLOPs",
+            "chinchilla": f"{value:g} tokens/param"}[kind]
+
+
+def _monotonic(rows) -> bool:
+    losses = [r["val_loss"] for r in sorted(rows, key=lambda r: r["params_non_embedding"])]
+    return all(b < a for a, b in zip(losses, losses[1:]))
+
+
+def markdown_table(rows) -> str:
+    header = ("| run | params | non-emb params | tokens | FLOPs | train loss | val loss "
+              "| wall s | tokens/s |")
+    lines = [header, "|" + "---|" * 9]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {human(r['params_total'])} | {human(r['params_non_embedding'])} "
+            f"| {human(r['tokens'])} | {r['flops']:.3g} | {r['train_loss']:.4f} "
+            f"| {r['val_loss']:.4f} | {r['wall_s']:.0f} | {r['tokens_per_s']:,.0f} |")
+    return "\n".join(lines)
+
+
+def _main():
+    from absl import flags
+    from ml_collections import config_flags
+
+    from transformer import cli
+
+    sweep_flag = config_flags.DEFINE_config_file("sweep", None, "A sweep config file "
+                                                 "(configs/scaling/*.py).")
+    workdir_flag = flags.DEFINE_string("workdir", None, "Folder of the sweep; a run per member.")
+    index_flag = flags.DEFINE_integer("index", None, "Run only member i (0-based).")
+    report_flag = flags.DEFINE_bool("report", False, "Only write the report of finished runs.")
+    no_progress = flags.DEFINE_bool("no_progress", False, "Hide the progress bars.")
+
+    def main(argv):
+        if len(argv) > 1:
+            cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+        if not workdir_flag.value:
+            cli.fail("--workdir=PATH is required")
+        if report_flag.value:
+            report(workdir_flag.value)
+            return
+        if flags.FLAGS["sweep"].value is None:
+            cli.fail("--sweep=PATH is required to run a sweep (or pass --report)")
+        sweep = cli.config_value(sweep_flag)
+        run(sweep, workdir_flag.value, index_flag.value, progress=not no_progress.value)
+        if index_flag.value is None:
+            report(workdir_flag.value)
+        else:
+            print(f"report: python -m transformer.scaling --workdir={workdir_flag.value} --report")
+
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    _main()
