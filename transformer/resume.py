@@ -24,7 +24,7 @@ FREE = ("train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt
         "train.keep_checkpoints", "train.nonfinite", "sample.", "mesh.")
 FIXED = ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.d_ff",
          "model.max_seq_len", "model.tie_embeddings", "model.param_dtype", "model.scan_layers",
-         "data.tokenizer")
+         "data.tokenizer", "data.bpe_vocab_size")
 
 
 def _flat(values: dict, prefix: str = "") -> dict:
