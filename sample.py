@@ -28,32 +28,40 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest
 
 
 def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    if _NUM_SAMPLES.value < 1:
+        cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
-    step = _STEP.value if _STEP.value is not None else ckpts.latest_step()
-    if step is None:
-        cli.fail(f"{_WORKDIR.value}: no checkpoint yet; train first")
-    meta = ckpts.read_meta(step)
+    # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
+    # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
+    found = ckpts.restore_good(_abstract_params, step=_STEP.value)
+    step, meta, params = found.step, found.meta, found.params
     config = config_lib.from_dict(meta["config"])
     model_config = ModelConfig.from_config(config)
     tokenizer = tokenizers.from_json(meta["tokenizer"])
+    if not _PROMPT.value:
+        cli.fail("--prompt is empty: give at least one character to continue")
     max_new = _MAX_NEW.value
     if max_new is None:
         max_new = min(200, model_config.max_seq_len - max(1, len(tokenizer.encode(_PROMPT.value))))
     config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, max_new,
                               model_config.max_seq_len)
-    if _NUM_SAMPLES.value < 1:
-        cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
-    # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
-                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
-    params, _ = ckpts.restore(step, abstract)
     texts = generate.sample_text(
         model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
         max_new_tokens=max_new, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
         top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value)
     for i, text in enumerate(texts):
         print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+
+
+def _abstract_params(meta):
+    """Onto one device, whatever mesh wrote the checkpoint: the target names the placement."""
+    model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
+    return abstract, None
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
     python train.py --config=configs/tiny.py --workdir=runs/tiny --config.train.steps=200
     python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
 
-Any config field can be overridden with --config.<section>.<field>=value. Running again on a
-workdir that holds a checkpoint resumes from it (on any mesh).
+Any config field can be overridden with --config.<section>.<field>=value. Running the same
+command again on a workdir that holds a checkpoint resumes from it, exactly (on any mesh); a
+changed config is refused unless its fields are named, e.g. --allow_change=train.steps
+(docs/README-resume.md). Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
+stops; Ctrl-C twice quits at once.
 
 Several devices and hosts (docs: "Scaling out"):
     python train.py --config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.tensor=2
@@ -30,6 +33,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go "
                                "(default: runs/<config file name>).")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
+_ALLOW_CHANGE = flags.DEFINE_list("allow_change", [], "Config fields that may differ from the "
+                                  "checkpoint's when resuming, e.g. train.steps,train.lr.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0, to train on several hosts.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes in all.")
@@ -61,7 +66,8 @@ def main(argv):
     config = config_lib.validate(cli.config_value(_CONFIG))
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
-    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh)
+    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
+                                      allow_change=_ALLOW_CHANGE.value)
     s = config.sample
     try:
         [text] = generate.sample_text(

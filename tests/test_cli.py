@@ -46,8 +46,9 @@ def test_sample_needs_only_the_workdir(trained):
 
 def test_second_train_resumes_at_the_saved_step(trained, tmp_path):
     workdir, _ = trained
+    # Training longer changes the config: it must be allowed explicitly (docs/README-resume.md).
     result = run_cli("train.py", *TINY[:-1], "--config.train.steps=30", f"--workdir={workdir}",
-                     "--no_progress")
+                     "--no_progress", "--allow_change=train.steps")
     assert result.returncode == 0, result.stderr
     assert "resuming from step 20" in result.stdout
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

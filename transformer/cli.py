@@ -3,6 +3,7 @@
 A user's mistake (a bad flag or config value, a missing corpus, a prompt the tokenizer
 cannot encode, a workdir with no checkpoint) ends the program with `error: <what and how to
 fix it>` on stderr and exit status 2, never a traceback. Bugs still show their traceback.
+A non-finite loss ends it with status 1; SIGINT/SIGTERM, after saving, with 128 + signal.
 """
 
 from __future__ import annotations
@@ -12,12 +13,29 @@ import sys
 
 from absl import flags, logging
 
-from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError
-from transformer.data import CorpusError, TokenizerError
-from transformer.decode import PromptError
+from transformer.faults import NonFiniteError
+from transformer.signals import Stopped
 
-USER_ERRORS = (ConfigError, CorpusError, TokenizerError, PromptError, CheckpointError)
+# Where each kind of user error is declared. cli.py does not import these modules itself
+# (jax, flax and orbax take ~1.5 s to import): an error can only come from a module that is
+# loaded, so a bad config value is refused before the heavy imports happen at all.
+_USER_ERROR_HOMES = {"transformer.config": "ConfigError",
+                     "transformer.data.corpus": "CorpusError",
+                     "transformer.data.tokenizers": "TokenizerError",
+                     "transformer.decode": "PromptError",
+                     "transformer.checkpoint": "CheckpointError"}
+
+
+def loaded_user_errors() -> tuple:
+    return tuple(getattr(sys.modules[m], name) for m, name in _USER_ERROR_HOMES.items()
+                 if m in sys.modules)
+
+
+def __getattr__(name):  # cli.USER_ERRORS: all of them (imports every module that declares one)
+    if name == "USER_ERRORS":
+        import importlib
+        return tuple(getattr(importlib.import_module(m), n) for m, n in _USER_ERROR_HOMES.items())
+    raise AttributeError(name)
 
 
 def fail(message: str, status: int = 2):
@@ -56,7 +74,14 @@ def run(main) -> None:
         fail(f"could not load the config: {_one_line(e)}")
     try:
         main(argv)
-    except USER_ERRORS as e:
-        fail(_one_line(e))
+    except NonFiniteError as e:  # the run failed, not the input: status 1
+        fail(_one_line(e), status=1)
+    except Stopped as e:  # SIGINT/SIGTERM after a checkpoint was saved: not an error
+        print(str(e), file=sys.stderr)
+        sys.exit(e.status)
     except KeyboardInterrupt:
         fail("interrupted", status=130)
+    except Exception as e:  # noqa: BLE001 -- re-raised (with its traceback) unless a user error
+        if not isinstance(e, loaded_user_errors()):
+            raise
+        fail(_one_line(e))

@@ -26,6 +26,7 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax")
+NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -82,6 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.eval_batches = 8
     c.train.ckpt_every = 500
     c.train.keep_checkpoints = 3
+    c.train.nonfinite = "stop"      # stop | skip: what a NaN/inf loss or gradient does
 
     # The device mesh: sizes of its three axes, -1 = all remaining devices (see sharding.py).
     # data x fsdp x tensor must equal the device count; the default puts every device on data.
@@ -235,6 +237,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                   "ckpt_every", "keep_checkpoints"):
         if t[field] <= 0:
             _fail(f"train.{field}", t[field], "must be a positive integer")
+    if t.nonfinite not in NONFINITE:
+        _fail("train.nonfinite", t.nonfinite, f"must be one of {', '.join(NONFINITE)}")
     if t.warmup_steps < 0:
         _fail("train.warmup_steps", t.warmup_steps, "must be >= 0")
     if t.lr <= 0:

@@ -31,6 +31,16 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(values) + "\n")
 
+    def truncate_after(self, step: int) -> None:
+        """Drops lines past `step`: a resumed run redoes those steps and logs them again."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if _line_step(line) is not None and _line_step(line) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)  # atomic: a kill now leaves the old file or the new one
+
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
@@ -74,6 +84,13 @@ class Throughput:
         rate = tokens / max(now - self.time, 1e-9)
         self.time = now
         return rate
+
+
+def _line_step(line: str):
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return None  # blank, or cut short by a kill: dropped
 
 
 def _short(v):

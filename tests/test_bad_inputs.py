@@ -1,0 +1,181 @@
+"""Bad input through the real command lines: refused early, in one clear line, harmlessly.
+
+Each row runs `train.py` or `sample.py` in a subprocess and checks: a non-zero exit, exactly
+one line on stderr that starts with `error:` and names what is wrong (a phrase from it is
+the row's expectation), no traceback, and the workdir exactly as it was (a fresh path not
+created; an existing workdir byte for byte unchanged). Rows run a few at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
+         "--config.model.n_layers=1", "--config.model.d_ff=64", "--config.model.max_seq_len=32",
+         "--config.model.vocab_size=0", "--config.data.tokenizer=char",
+         "--config.train.batch_size=4", "--config.train.steps=4", "--config.train.ckpt_every=4",
+         "--config.train.eval_every=4", "--config.train.eval_batches=1",
+         "--config.sample.prompt=the ", "--config.sample.max_new_tokens=4", "--no_progress"]
+
+# (what, script, args, phrase the error line must hold, workdir kind)
+# {W}: the row's workdir; {C}: a good text corpus; {D}: a folder of prepared bad files.
+ROWS = [
+    ("negative size", "train", ["--config.model.d_model=-8"], "model.d_model", "fresh"),
+    ("wrong type", "train", ["--config.model.d_model=abc"], "d_model", "fresh"),
+    ("float for int", "train", ["--config.train.steps=1.5"], "steps", "fresh"),
+    ("bad bool", "train", ["--config.model.tie_embeddings=maybe"], "tie_embeddings", "fresh"),
+    ("unknown key", "train", ["--config.model.nope=1"], "nope", "fresh"),
+    ("heads do not divide d_model", "train", ["--config.model.d_model=33"], "divisible", "fresh"),
+    ("zero learning rate", "train", ["--config.train.lr=0"], "train.lr", "fresh"),
+    ("zero batch", "train", ["--config.train.batch_size=0"], "train.batch_size", "fresh"),
+    ("val_fraction > 1", "train", ["--config.data.val_fraction=1.5"], "val_fraction", "fresh"),
+    ("unknown dtype", "train", ["--config.model.dtype=float16"], "model.dtype", "fresh"),
+    ("unknown nonfinite policy", "train", ["--config.train.nonfinite=ignore"],
+     "train.nonfinite", "fresh"),
+    ("synthetic corpus, char tokenizer", "train", ["--config.data.corpus=copy"],
+     "data.tokenizer", "fresh"),
+    ("vocab smaller than tokenizer", "train",
+     ["--config.data.tokenizer=byte", "--config.model.vocab_size=100"], "vocab_size", "fresh"),
+    ("sample temperature < 0", "train", ["--config.sample.temperature=-1"], "temperature",
+     "fresh"),
+    ("mesh that does not fit the devices", "train", ["--config.mesh.data=3"], "mesh.data=3",
+     "fresh"),
+    ("missing corpus", "train", ["--config.data.corpus={D}/missing.txt"], "no such file",
+     "fresh"),
+    ("empty corpus", "train", ["--config.data.corpus={D}/empty.txt"], "empty", "fresh"),
+    ("binary corpus", "train", ["--config.data.corpus={D}/binary.bin"], "no UTF-8 text",
+     "fresh"),
+    ("corpus shorter than a sequence", "train", ["--config.data.corpus={D}/short.txt"],
+     "too few", "fresh"),
+    ("missing config file", "train", ["--config={D}/missing_config.py"], "config", "fresh"),
+    ("config file with a syntax error", "train", ["--config={D}/broken_config.py"], "config",
+     "fresh"),
+    ("unknown flag", "train", ["--bogus=1"], "bogus", "fresh"),
+    ("stray argument", "train", ["stray"], "unexpected arguments", "fresh"),
+    ("workdir is a file", "train", [], "is a file", "file"),
+    ("workdir under a file", "train", [], "cannot write", "under_file"),
+    ("checkpoint of another model", "train", ["--config.model.d_model=64"],
+     "another model or tokenizer", "trained"),
+    ("checkpoint of another tokenizer", "train", ["--config.data.tokenizer=byte"],
+     "data.tokenizer", "trained"),
+    ("changed config without --allow_change", "train", ["--config.train.lr=0.01"],
+     "--allow_change=train.lr", "trained"),
+    ("model change cannot be allowed", "train",
+     ["--config.model.d_ff=128", "--allow_change=model.d_ff"], "cannot change", "trained"),
+    ("--allow_change of no field", "train", ["--allow_change=train.nope"], "no such config field",
+     "trained"),
+    ("sample: no workdir given", "sample", [], "workdir", None),
+    ("sample: missing workdir", "sample", ["--workdir={W}"], "no checkpoints folder", "fresh"),
+    ("sample: workdir without checkpoints", "sample", ["--workdir={W}"], "no checkpoints",
+     "empty_dir"),
+    ("sample: empty prompt", "sample", ["--workdir={W}", "--prompt="], "empty", "trained"),
+    ("sample: prompt too long", "sample", ["--workdir={W}", "--prompt=" + "the fox " * 8],
+     "context", "trained"),
+    ("sample: symbol the tokenizer lacks", "sample", ["--workdir={W}", "--prompt=the €"],
+     "not in this char tokenizer", "trained"),
+    ("sample: temperature < 0", "sample", ["--workdir={W}", "--temperature=-1"], "temperature",
+     "trained"),
+    ("sample: temperature not a number", "sample", ["--workdir={W}", "--temperature=hot"],
+     "temperature", "trained"),
+    ("sample: top_p = 0", "sample", ["--workdir={W}", "--top_p=0"], "top_p", "trained"),
+    ("sample: top_p > 1", "sample", ["--workdir={W}", "--top_p=1.5"], "top_p", "trained"),
+    ("sample: top_k < 0", "sample", ["--workdir={W}", "--top_k=-1"], "top_k", "trained"),
+    ("sample: max_new_tokens beyond context", "sample",
+     ["--workdir={W}", "--max_new_tokens=1000"], "max_new_tokens", "trained"),
+    ("sample: zero samples", "sample", ["--workdir={W}", "--num_samples=0"], "num_samples",
+     "trained"),
+    ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
+     "trained"),
+    ("sample: stop of two tokens", "sample", ["--workdir={W}", "--stop=ab"], "stop=", "trained"),
+]
+
+
+def snapshot(path: Path):
+    """Everything at `path`: its files' bytes, its folders; None when nothing is there."""
+    if not path.exists():
+        return None
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest()
+                                       if p.is_file() else "dir")
+            for p in sorted(path.rglob("*"))}
+
+
+def env():
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    rng = random.Random(0)
+    words = "the quick brown fox jumps over a lazy dog".split()
+    (d / "good.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n"
+                                        for _ in range(300)))
+    (d / "empty.txt").write_text("")
+    (d / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (d / "short.txt").write_text("too short.\n")
+    (d / "broken_config.py").write_text("def get_config(:\n    return\n")
+    (d / "a_file").write_text("not a folder\n")
+    trained = d / "trained"
+    out = subprocess.run([sys.executable, "train.py", *MODEL, f"--config.data.corpus={d}/good.txt",
+                          f"--workdir={trained}"], cwd=ROOT, env=env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return d
+
+
+def prepare(row_index: int, kind, d: Path, tmp: Path) -> Path:
+    workdir = tmp / f"row{row_index}"
+    if kind == "trained":
+        shutil.copytree(d / "trained", workdir)
+    elif kind == "empty_dir":
+        workdir.mkdir()
+    elif kind == "file":
+        workdir = tmp / f"row{row_index}.file"
+        workdir.write_text("a file, not a folder\n")
+    elif kind == "under_file":
+        (tmp / f"row{row_index}.file").write_text("a file\n")
+        workdir = tmp / f"row{row_index}.file" / "run"
+    return workdir
+
+
+def run_row(i, row, d: Path, tmp: Path):
+    what, script, args, phrase, kind = row
+    workdir = prepare(i, kind, d, tmp)
+    before = snapshot(workdir)
+    args = [a.replace("{W}", str(workdir)).replace("{D}", str(d)) for a in args]
+    if script == "train":
+        own_corpus = any(a.startswith("--config.data.corpus=") for a in args)
+        corpus = [] if own_corpus else [f"--config.data.corpus={d}/good.txt"]
+        cmd = ["train.py", *MODEL, *corpus, *args, f"--workdir={workdir}"]
+    else:
+        cmd = ["sample.py", *args]
+    out = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env(), capture_output=True,
+                         text=True, timeout=300)
+    return what, phrase, out, before, snapshot(workdir) if kind else None
+
+
+def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
+    assert len(ROWS) >= 25
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda ir: run_row(*ir, files, tmp_path), enumerate(ROWS)))
+    problems = []
+    for what, phrase, out, before, after in results:
+        lines = out.stderr.strip().splitlines()
+        ok = (out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ")
+              and phrase in lines[0] and "Traceback" not in out.stderr and before == after)
+        if not ok:
+            problems.append(f"{what}: exit {out.returncode}, stderr {out.stderr!r}, "
+                            f"workdir {'unchanged' if before == after else 'CHANGED'}")
+    assert not problems, "\n".join(problems)

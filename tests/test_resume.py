@@ -1,0 +1,242 @@
+"""A run survives being killed: SIGKILL anywhere (also mid-save), SIGTERM, a damaged latest
+checkpoint and a NaN all end in the same final params as a run never interrupted, bit for bit.
+
+Every run here is a real `train.py` / `sample.py` subprocess on a tiny char-level model.
+Test hooks (transformer/faults.py) slow steps and saves down so that kills land mid-run and
+mid-save, and poison one batch with NaN. The subprocesses share a persistent compilation
+cache (made fresh for each test session) only to save time: it changes no numbers, since the
+uninterrupted baseline and the killed runs then run the very same executables.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 36
+CACHE = tempfile.mkdtemp(prefix="jax-cache-")  # shared by this session's subprocesses
+MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
+         "--config.model.n_layers=1", "--config.model.d_ff=64", "--config.model.max_seq_len=32",
+         "--config.model.vocab_size=0", "--config.data.tokenizer=char",
+         "--config.train.batch_size=4", "--config.train.warmup_steps=4",
+         "--config.train.log_every=4", "--config.train.eval_every=12",
+         "--config.train.eval_batches=1", "--config.train.keep_checkpoints=2",
+         "--config.sample.max_new_tokens=4", "--config.sample.prompt=the ", "--no_progress"]
+
+
+def write_corpus(path: Path) -> Path:
+    words = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly boxes".split()
+    rng = random.Random(0)
+    path.write_text("".join(" ".join(rng.choices(words, k=9)) + ".\n" for _ in range(400)))
+    return path
+
+
+def train_args(corpus, workdir, steps=STEPS, ckpt_every=4, extra=()):
+    return ["train.py", *MODEL, f"--config.data.corpus={corpus}", f"--workdir={workdir}",
+            f"--config.train.steps={steps}", f"--config.train.ckpt_every={ckpt_every}", *extra]
+
+
+def env_with(**hooks):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env.update({f"TRANSFORMER_TEST_{k.upper()}": str(v) for k, v in hooks.items()})
+    return env
+
+
+def run(args, **hooks) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env_with(**hooks),
+                          capture_output=True, text=True, timeout=300)
+
+
+def start(args, **hooks) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env_with(**hooks),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def committed(workdir) -> list[int]:
+    folder = Path(workdir) / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() \
+        else []
+
+
+def in_flight(workdir) -> list[str]:
+    folder = Path(workdir) / "checkpoints"
+    return [p.name for p in folder.iterdir() if "tmp" in p.name] if folder.exists() else []
+
+
+def wait_for(predicate, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"run ended early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def final_state(workdir):
+    """(step, leaves of params and optimizer state as numpy) of the newest checkpoint."""
+    import jax
+
+    from transformer import checkpoint, config as config_lib, training
+
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    found = ckpts.restore_good(
+        lambda meta: training.abstract_checkpoint(config_lib.from_dict(meta["config"])))
+    return found.step, [np.asarray(x) for x in jax.tree.leaves((found.params, found.train))]
+
+
+def assert_bitwise_equal(workdir, reference):
+    step, leaves = final_state(workdir)
+    ref_step, ref_leaves = reference
+    assert step == ref_step == STEPS
+    assert len(leaves) == len(ref_leaves)
+    for a, b in zip(leaves, ref_leaves):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "text.txt")
+
+
+@pytest.fixture(scope="module")
+def baseline(corpus, tmp_path_factory):
+    """A run never interrupted: its workdir and final state."""
+    workdir = tmp_path_factory.mktemp("baseline") / "run"
+    out = run(train_args(corpus, workdir))
+    assert out.returncode == 0, out.stderr
+    return workdir, final_state(workdir)
+
+
+def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseline, tmp_path):
+    rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", "1234")))
+    workdir = tmp_path / "run"
+    args = train_args(corpus, workdir)
+    kills = []
+
+    def kill(proc, when):
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills.append((when, proc.returncode, committed(workdir), in_flight(workdir)))
+
+    def kill_mid_save(proc):
+        # A new commit first: by then the writer has cleaned any tmp folder a previous kill
+        # left, so a tmp folder seen afterwards belongs to a save of this process.
+        before = committed(workdir)
+        wait_for(lambda: committed(workdir) != before, proc)
+        wait_for(lambda: in_flight(workdir), proc)
+        kill(proc, "mid-save")
+        assert in_flight(workdir), "the kill was meant to land inside a save"
+
+    # 1. Mid-run, at a random moment after the first checkpoint exists.
+    proc = start(args, step_delay=0.03)
+    wait_for(lambda: committed(workdir), proc)
+    time.sleep(rng.uniform(0.0, 0.2))
+    kill(proc, "random, mid-run")
+
+    # 2. During a save (saves held 1 s before orbax's final rename), while sample.py reads
+    #    the same workdir: a concurrent reader only ever sees complete checkpoints.
+    proc = start(args, step_delay=0.01, save_delay=1.0)
+    reader = start(["sample.py", f"--workdir={workdir}", "--max_new_tokens=4", "--prompt=the "])
+    kill_mid_save(proc)
+    stdout, stderr = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and "--- sample 0 (step " in stdout, stderr
+
+    # 3. During a save again, later in the run.
+    kill_mid_save(start(args, step_delay=0.01, save_delay=0.5))
+
+    # 4. At a random moment from process start: startup, restore, compile or training.
+    proc = start(args, step_delay=0.1, save_delay=0.2)
+    time.sleep(rng.uniform(0.5, 4.0))
+    kill(proc, "random from start")
+
+    out = run(args)
+    print("kills (when, status, committed, in flight):", *kills, sep="\n  ")
+    print("final run:", out.stdout.splitlines()[0])
+    assert sum(status == -signal.SIGKILL for _, status, *_ in kills) >= 3
+    assert out.returncode == 0, out.stderr
+    assert "resuming from step" in out.stdout
+    assert not in_flight(workdir), "leftover tmp folders are cleaned when a writer opens"
+    assert_bitwise_equal(workdir, baseline[1])
+
+
+def test_sigterm_saves_the_current_step_and_resume_is_exact(corpus, baseline, tmp_path):
+    workdir = tmp_path / "run"
+    # ckpt_every is a free field: no periodic saves, so the one at SIGTERM is the only one.
+    proc = start(train_args(corpus, workdir, ckpt_every=1000), step_delay=0.05)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists(), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    stopped_at = int(stderr.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert 4 <= stopped_at < STEPS
+    assert committed(workdir) == [stopped_at]
+
+    out = run(train_args(corpus, workdir))
+    assert out.returncode == 0, out.stderr
+    assert f"resuming from step {stopped_at}" in out.stdout
+    assert_bitwise_equal(workdir, baseline[1])
+
+
+def test_damaged_latest_checkpoint_falls_back_with_a_warning(baseline, corpus, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(baseline[0], workdir)
+    latest, previous = committed(workdir)[-1], committed(workdir)[-2]
+    for f in (workdir / "checkpoints" / str(latest) / "params").rglob("*"):
+        if f.is_file() and f.stat().st_size > 64:  # truncate the array data
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+    reader = run(["sample.py", f"--workdir={workdir}", "--max_new_tokens=4", "--prompt=the "])
+    assert reader.returncode == 0, reader.stderr
+    assert f"checkpoint {latest}" in reader.stderr and "damaged" in reader.stderr
+    assert f"(step {previous})" in reader.stdout
+
+    out = run(train_args(corpus, workdir))
+    assert out.returncode == 0, out.stderr
+    assert "damaged" in out.stderr and f"resuming from step {previous}" in out.stdout
+    assert (workdir / "checkpoints-damaged" / str(latest)).is_dir()
+    assert_bitwise_equal(workdir, baseline[1])
+
+
+def test_nan_stops_naming_the_step_or_is_skipped_and_counted(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    args = train_args(corpus, workdir)  # the baseline's config: its programs are cached
+    out = run(args, nan_step=6)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: step 6:") and "not finite" in lines[0]
+    assert committed(workdir) == [4]  # the checkpoint before the fault is intact, none after
+
+    out = run([*args, "--config.train.nonfinite=skip"], nan_step=6)
+    assert out.returncode == 0, out.stderr
+    assert "resuming from step 4" in out.stdout
+    logged = [line for line in (workdir / "metrics.jsonl").read_text().splitlines()
+              if '"skipped_steps"' in line]
+    assert logged and '"skipped_steps": 1' in logged[-1]
+    step, leaves = final_state(workdir)
+    assert step == STEPS and all(np.isfinite(x).all() for x in leaves if x.dtype.kind == "f")
+
+
+def test_second_ctrl_c_quits_at_once_leaving_only_complete_checkpoints(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    proc = start(train_args(corpus, workdir, ckpt_every=1000), step_delay=0.05, save_delay=30)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists(), proc)
+    proc.send_signal(signal.SIGINT)  # starts the save at the current step, held 30 s
+    wait_for(lambda: in_flight(workdir), proc)
+    begin = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    assert proc.returncode == -signal.SIGINT and time.monotonic() - begin < 20
+    assert committed(workdir) == [] and in_flight(workdir)  # the held save never committed
