@@ -59,10 +59,14 @@ def test_prefill_and_decode_match_full_forward_at_every_position(tiny_config, ti
 
 
 def _naive_greedy(config, params, prompt, n):
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(jnp.argmax(_full_logits(config, params, seq)[-1])))
-    return seq[len(prompt):]
+    """Reruns the whole model for every new token. The sequence is padded to the full context
+    so one compiled forward serves every step; causality makes the padding invisible."""
+    forward = jax.jit(lambda tokens: GPT(config).apply({"params": params}, tokens))
+    seq = np.zeros((1, config.max_seq_len), np.int32)
+    seq[0, : len(prompt)] = prompt
+    for t in range(len(prompt), len(prompt) + n):
+        seq[0, t] = int(jnp.argmax(forward(seq)[0, t - 1]))
+    return seq[0, len(prompt): len(prompt) + n].tolist()
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
