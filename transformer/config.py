@@ -288,15 +288,16 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
 def from_dict(values: dict) -> ml_collections.ConfigDict:
     """Rebuilds a config saved with `to_dict`, on top of today's defaults."""
     config = base_config()
-    config.update_from_flattened_dict(_flatten(values))
+    config.update_from_flattened_dict(flatten(values))
     return config
 
 
-def _flatten(values: dict, prefix: str = "") -> dict:
+def flatten(values: dict, prefix: str = "") -> dict:
+    """{'model': {'d_model': 64}} → {'model.d_model': 64}."""
     flat = {}
     for key, value in values.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

@@ -18,7 +18,7 @@ with the config saved in the latest checkpoint:
 
 from __future__ import annotations
 
-from transformer.config import ConfigError, base_config, to_dict
+from transformer.config import ConfigError, base_config, flatten, to_dict
 
 FREE = ("train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every",
         "train.keep_checkpoints", "train.nonfinite", "sample.", "mesh.")
@@ -28,20 +28,10 @@ FIXED = ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads",
          "data.tokenizer", "data.bpe_vocab_size")
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def differences(saved: dict, current: dict) -> dict:
     """{field: (saved value, current value)} for every field that differs (flattened names).
     A field the saved config lacks (added to the schema later) is not a difference."""
-    saved, current = _flat(saved), _flat(current)
+    saved, current = flatten(saved), flatten(current)
     return {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
 
 
@@ -52,7 +42,7 @@ def _free(field: str) -> bool:
 def check(diffs: dict, allowed, workdir) -> None:
     """Raises ConfigError naming the differing fields unless each is free or allowed."""
     allowed = set(allowed or ())
-    unknown = sorted(allowed - set(_flat(to_dict(base_config()))))
+    unknown = sorted(allowed - set(flatten(to_dict(base_config()))))
     if unknown:
         raise ConfigError(f"--allow_change={unknown[0]}: no such config field; name fields as "
                           "section.field, e.g. --allow_change=train.steps")
