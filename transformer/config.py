@@ -21,6 +21,7 @@ import ml_collections
 
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "block", "dots")
+MATMUL = ("plain", "fast_f32", "fast_bf16")  # see transformer/fastdense.py
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
     c.model.scan_layers = False     # nn.scan over blocks: stacked params, faster compile
     c.model.remat = "none"          # none | block | dots: what the backward pass recomputes
+    c.model.matmul = "plain"        # plain | fast_f32 | fast_bf16: dense layers (fastdense.py)
 
     c.data = ml_collections.ConfigDict()
     c.data.corpus = "stdlib"        # stdlib | copy | random | a path to a text file or folder
@@ -91,6 +93,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: str = "none"
+    matmul: str = "plain"
 
     @property
     def head_dim(self) -> int:
@@ -142,6 +145,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             _fail(f"model.{field}", m[field], f"must be one of {', '.join(DTYPES)}")
     if m.remat not in REMAT:
         _fail("model.remat", m.remat, f"must be one of {', '.join(REMAT)}")
+    if m.matmul not in MATMUL:
+        _fail("model.matmul", m.matmul, f"must be one of {', '.join(MATMUL)}")
 
     if d.tokenizer not in ("byte", "char"):
         _fail("data.tokenizer", d.tokenizer, "must be byte or char")

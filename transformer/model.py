@@ -17,13 +17,12 @@ has its own cache arrays (see `unstack_layers`).
 
 from __future__ import annotations
 
-import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention, kvcache
+from transformer import attention, fastdense, kvcache
 from transformer.config import ModelConfig
 
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
@@ -49,7 +48,7 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x_BTD, mask, cache=None, index=None):
         c = self.config
         H, K = c.n_heads, c.head_dim
-        dense = functools.partial(nn.DenseGeneral, dtype=c.dtype, param_dtype=c.param_dtype)
+        dense = fastdense.factory(c)  # nn.DenseGeneral, or the CPU fast path
         init = nn.initializers.normal(INIT_STD)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
 
@@ -88,7 +87,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BTD):
         c = self.config
-        dense = functools.partial(nn.Dense, dtype=c.dtype, param_dtype=c.param_dtype)
+        dense = fastdense.factory(c)  # nn.DenseGeneral, or the CPU fast path
         h_BTF = dense(c.d_ff, name="expand",
                       kernel_init=_logical(nn.initializers.normal(INIT_STD), ("embed", "mlp")),
                       bias_init=_logical(nn.initializers.zeros, ("mlp",)))(x_BTD)
