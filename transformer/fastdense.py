@@ -99,6 +99,15 @@ class DenseGeneral(nn.Module):
         return y.astype(x.dtype)
 
 
+def attention_inputs(config, *qkv):
+    """Q, K, V as attention's matmuls should take them: bfloat16 in `fast_bf16` mode (scores
+    still accumulate and softmax in float32, see attention.py), unchanged otherwise. Used on
+    the training path only: a decode step would cast the whole cache every token."""
+    if config.matmul != "fast_bf16":
+        return qkv
+    return tuple(a.astype(jnp.bfloat16) for a in qkv)
+
+
 def factory(config) -> Callable[..., nn.Module]:
     """The dense-layer constructor the model should use for `config.matmul`.
 

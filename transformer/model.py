@@ -67,6 +67,7 @@ class CausalSelfAttention(nn.Module):
             k_BHSK, v_BHSK = cache["k"], cache["v"]
         else:
             k_BHSK, v_BHSK = k_BHTK, v_BHTK
+            q_BHTK, k_BHSK, v_BHSK = fastdense.attention_inputs(c, q_BHTK, k_BHSK, v_BHSK)
 
         out_BHTK, weights_BHTS = attention.dot_product_attention(q_BHTK, k_BHSK, v_BHSK, mask)
         self.sow("intermediates", "attention_weights", weights_BHTS)
