@@ -7,7 +7,7 @@
 
 One process measures, in alternating rounds so that both sides see the same machine:
 - training: tokens/s and step time of `Trainer.step_fn` (the loop `train.py` runs) in float32
-  (`model.matmul = fast_f32`, or `plain` with --plain) and in bf16-input mixed precision
+  (`model.matmul = plain`, or --f32_matmul=fast_f32) and in bf16-input mixed precision
   (`fast_bf16`), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
@@ -54,7 +54,8 @@ _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed training steps before the f
 _DECODE_REPS = flags.DEFINE_integer("decode_reps", 2, "Timed generations per round.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens before decoding.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens to decode.")
-_PLAIN = flags.DEFINE_bool("plain", False, "Float32 mode uses model.matmul=plain, not fast_f32.")
+_F32_MATMUL = flags.DEFINE_enum("f32_matmul", "plain", ["plain", "fast_f32"],
+                                "model.matmul of the float32 training mode.")
 _MODES = flags.DEFINE_list("modes", ["f32", "bf16"], "Training modes: f32 and/or bf16.")
 
 
@@ -209,7 +210,7 @@ def _decode_config(model_config: ModelConfig, prompt_len: int, new_tokens: int) 
 
 
 def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt_len=16,
-        new_tokens=256, plain=False, modes=("f32", "bf16"), log=lambda s: None) -> dict:
+        new_tokens=256, f32_matmul="plain", modes=("f32", "bf16"), log=lambda s: None) -> dict:
     """Runs every measurement; returns the figures as a JSON-able dict."""
     counter = CompileCounter()
     config = config_lib.validate(config)
@@ -231,7 +232,7 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     peak_bf16, source_bf16 = metrics.peak_flops("bfloat16")
     out.update(peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16, peak_source=source_f32)
 
-    mode_matmul = {"f32": "plain" if plain else "fast_f32", "bf16": "fast_bf16"}
+    mode_matmul = {"f32": f32_matmul, "bf16": "fast_bf16"}
     ours = {}
     for mode in modes:
         cfg = config_lib.from_dict(config_lib.to_dict(config))
@@ -286,6 +287,7 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     dec_config = _decode_config(model_config, prompt_len, new_tokens)
     params = training.init_params(dec_config, jax.random.key(t.seed))
     out["decode_context"] = dec_config.max_seq_len
+    out["decode_matmul"] = dec_config.matmul
     peer_dec = PeerModel(dec_config, t, dec_config.max_seq_len) if peer else None
     for batch in (1, 8):
         counter.phase = "other"
@@ -422,7 +424,7 @@ def main(argv):
     log = (lambda s: None) if _JSON.value else (lambda s: print(f"... {s}", file=sys.stderr))
     result = run(cli.config_value(_CONFIG), peer=not _NO_PEER.value, rounds=_ROUNDS.value,
                  steps=_STEPS.value, warmup=_WARMUP.value, decode_reps=_DECODE_REPS.value,
-                 prompt_len=_PROMPT_LEN.value, new_tokens=_NEW_TOKENS.value, plain=_PLAIN.value,
+                 prompt_len=_PROMPT_LEN.value, new_tokens=_NEW_TOKENS.value, f32_matmul=_F32_MATMUL.value,
                  modes=modes, log=log)
     print(json.dumps(result) if _JSON.value else format_table(result))
 

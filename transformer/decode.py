@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kvcache, sampling
+from transformer import fastdense, kvcache, sampling
 from transformer.config import ModelConfig
 from transformer.model import GPT, unstack_layers
 
@@ -76,6 +76,7 @@ def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, 
     """
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
+    params = fastdense.decode_params(config, params)   # bf16 kernels in fast_bf16 mode
     B, P = prompt_BP.shape
     if B == 1:
         # With a batch of one, XLA-CPU drops the size-1 dim of the [1, H, S, K] cache and the

@@ -108,6 +108,16 @@ def attention_inputs(config, *qkv):
     return tuple(a.astype(jnp.bfloat16) for a in qkv)
 
 
+def decode_params(config, params):
+    """For decoding in `fast_bf16` mode: the dense kernels cast to bfloat16 once, before the
+    token loop (each step would otherwise read the float32 weights and write bf16 copies)."""
+    if config.matmul != "fast_bf16":
+        return params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x.astype(jnp.bfloat16) if getattr(path[-1], "key", None) == "kernel"
+        else x, params)
+
+
 def factory(config) -> Callable[..., nn.Module]:
     """The dense-layer constructor the model should use for `config.matmul`.
 
