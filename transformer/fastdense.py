@@ -17,7 +17,7 @@ trained in one mode loads in another):
     fast_bf16  this layer, bfloat16 matmul inputs with float32 accumulation (mixed precision):
                parameters, activations between layers, softmax and loss stay float32
 
-    dense = fastdense.factory(config)        # a DenseGeneral-compatible constructor
+    dense = fastdense.factory(config, nn.Dense)   # nn.Dense in plain mode, else this layer
     y_BTF = dense(F, name="expand", kernel_init=..., bias_init=...)(x_BTD)
 """
 
@@ -128,12 +128,9 @@ def decode_params(config, params):
         else x, params)
 
 
-def factory(config) -> Callable[..., nn.Module]:
-    """The dense-layer constructor the model should use for `config.matmul`.
-
-    Called like `nn.DenseGeneral(features, axis=..., name=..., kernel_init=..., bias_init=...)`.
-    """
+def factory(config, plain=nn.DenseGeneral) -> Callable[..., nn.Module]:
+    """The dense-layer constructor the model should use for `config.matmul`: `plain` (flax's
+    nn.Dense or nn.DenseGeneral, unchanged) or this module's DenseGeneral, called alike."""
     if config.matmul == "plain":
-        return functools.partial(nn.DenseGeneral, dtype=config.dtype,
-                                 param_dtype=config.param_dtype)
+        return functools.partial(plain, dtype=config.dtype, param_dtype=config.param_dtype)
     return functools.partial(DenseGeneral, mode=config.matmul, param_dtype=config.param_dtype)

@@ -88,7 +88,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BTD):
         c = self.config
-        dense = fastdense.factory(c)  # nn.DenseGeneral, or the CPU fast path
+        dense = fastdense.factory(c, nn.Dense)  # nn.Dense, or the CPU fast path
         h_BTF = dense(c.d_ff, name="expand",
                       kernel_init=_logical(nn.initializers.normal(INIT_STD), ("embed", "mlp")),
                       bias_init=_logical(nn.initializers.zeros, ("mlp",)))(x_BTD)
