@@ -28,6 +28,7 @@ MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
+MATMUL = ("auto", "plain", "fast_f32", "fast_bf16")  # see transformer/fastdense.py
 
 
 class ConfigError(ValueError):
@@ -59,6 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
                                     # else grouped-query (must divide n_heads)
     c.model.sliding_window = 0      # 0: full causal attention; w: attend to the last w positions
     c.model.attention_kernel = "einsum"  # einsum (reference) | jax (jax.nn.dot_product_attention)
+    c.model.matmul = "auto"         # auto | plain | fast_f32 | fast_bf16 (see fastdense.py);
+                                    # auto: fast_bf16 on CPU, plain on GPU/TPU
 
     c.data = ml_collections.ConfigDict()
     c.data.corpus = "stdlib"        # stdlib | copy | random | a path to a text file or folder
@@ -139,6 +142,7 @@ class ModelConfig:
     n_kv_heads: int = 0
     sliding_window: int = 0
     attention_kernel: str = "einsum"
+    matmul: str = "plain"
 
     @property
     def head_dim(self) -> int:
@@ -161,7 +165,19 @@ class ModelConfig:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in config.model.items() if k in fields})
+        values = {k: v for k, v in config.model.items() if k in fields}
+        if values.get("matmul") == "auto":
+            values["matmul"] = resolve_matmul()
+        return cls(**values)
+
+
+def resolve_matmul() -> str:
+    """What `model.matmul = "auto"` means on this machine: the bf16-input fast path on CPU
+    (measured ~1.5x faster than float32, same loss; docs/README-performance.md), plain
+    autodiff on GPU/TPU, where XLA's own backward is already fast."""
+    import jax
+
+    return "fast_bf16" if jax.default_backend() == "cpu" else "plain"
 
 
 def _fail(field: str, value: Any, fix: str):
@@ -220,6 +236,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         _fail("model.position", m.position,
               f"rope rotates pairs of dimensions, so the head dim d_model/n_heads="
               f"{m.d_model // m.n_heads} must be even: change model.d_model or model.n_heads")
+    if m.matmul not in MATMUL:
+        _fail("model.matmul", m.matmul, f"must be one of {', '.join(MATMUL)}")
 
     if d.tokenizer not in ("byte", "char", "bpe"):
         _fail("data.tokenizer", d.tokenizer, "must be byte, char or bpe")

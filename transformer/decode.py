@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kvcache, sampling, sharding
+from transformer import fastdense, kvcache, sampling, sharding
 from transformer.config import ModelConfig
 from transformer.model import GPT, unstack_layers
 
@@ -78,10 +78,23 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     """
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
-    P = prompt_BP.shape[1]
+    params = fastdense.decode_params(config, params)   # bf16 kernels in fast_bf16 mode
+    B, P = prompt_BP.shape
+    if B == 1:
+        # With a batch of one, XLA-CPU drops the size-1 dim of the [1, H, S, K] cache and the
+        # in-place write becomes copies of every layer's cache on every step (the compiled HLO
+        # shows 32 of them). Decoding the row twice costs far less; row 0 is returned.
+        prompt_BP, start_B = jnp.tile(prompt_BP, (2, 1)), jnp.tile(start_B, 2)
+        cache = jax.tree.map(lambda x: jnp.concatenate([x, x]), cache)
+
+    # One key per token, split before the loop. Inside it they become counter-based
+    # (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a while loop, and a loop nested in the
+    # scan body made XLA copy every layer's cache on every step.
+    step_keys_N2 = jax.random.key_data(jax.random.split(key, max_new_tokens))
 
     def sample(logits_BV, i):
-        return sampling.sample(logits_BV, jax.random.fold_in(key, i), temperature, top_k, top_p)
+        step_key = jax.random.wrap_key_data(jnp.tile(step_keys_N2[i], 2), impl="unsafe_rbg")
+        return sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
 
     logits_BPV, cache = _forward(config, params, prompt_BP, cache, 0, start_B)
     token_B = sample(logits_BPV[:, -1], 0)
@@ -96,7 +109,10 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
 
     (cache, _, _), rest_NB = jax.lax.scan(step, (cache, token_B, done_B),
                                           jnp.arange(max_new_tokens - 1))
-    return jnp.concatenate([token_B[:, None], rest_NB.T], axis=1), cache
+    tokens_BN = jnp.concatenate([token_B[:, None], rest_NB.T], axis=1)
+    if B == 1:
+        tokens_BN, cache = tokens_BN[:1], jax.tree.map(lambda x: x[:1], cache)
+    return tokens_BN, cache
 
 
 generate_tokens = jax.jit(_generate_tokens, static_argnames=("config", "max_new_tokens"),

@@ -31,6 +31,7 @@ def small_model(seed: int = 0):
     c = base_config()
     c.model.update(d_model=32, n_layers=2, n_heads=4, d_ff=128, max_seq_len=32)
     c.sample.max_new_tokens = 16
+    c.model.matmul = "plain"  # float32 arithmetic, the same as the NumPy written out below
     config = ModelConfig.from_config(validate(c))
     return config, init_params(config, jax.random.key(seed)), tokenizers.ByteTokenizer()
 

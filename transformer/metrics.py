@@ -59,6 +59,9 @@ class Progress:
         if postfix:
             self.bar.set_postfix({k: _short(v) for k, v in postfix.items()}, refresh=False)
 
+    def set_postfix(self, **postfix) -> None:
+        self.bar.set_postfix({k: _short(v) for k, v in postfix.items()}, refresh=False)
+
     def write(self, line: str) -> None:
         self.bar.write(line, file=sys.stderr)
 
@@ -97,3 +100,67 @@ def _short(v):
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
     return v
+
+
+# --- Model FLOPs utilisation -------------------------------------------------------------
+# Dense peak FLOP/s per chip from the vendors' datasheets (no sparsity), by the substring of
+# `jax.devices()[0].device_kind` that names the chip. Checked in order: "H100" before "H10".
+PEAK_FLOPS = {  # device kind: {dtype: FLOP/s}
+    "H200": {"bfloat16": 989e12, "float32": 67e12},
+    "H100": {"bfloat16": 989e12, "float32": 67e12},   # SXM; PCIe is ~756 / 51
+    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "L4": {"bfloat16": 121e12, "float32": 30e12},
+    "A10": {"bfloat16": 125e12, "float32": 31e12},
+    "V100": {"bfloat16": 125e12, "float32": 15.7e12},   # fp16 tensor cores
+    "TPU v6": {"bfloat16": 918e12, "float32": 918e12 / 4},
+    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
+    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},  # v5e
+    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
+    "TPU v3": {"bfloat16": 123e12, "float32": 123e12 / 4},
+}
+
+
+_MEASURED_PEAK: dict = {}
+
+
+def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 20) -> float:
+    """The best FLOP/s of an n×n×n matmul on the default device (the CPU's practical peak).
+
+    dtype "bfloat16" multiplies bfloat16 inputs with float32 accumulation, as
+    `model.matmul = "fast_bf16"` does. Cached per (dtype, n) for the process.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if (dtype, n) in _MEASURED_PEAK:
+        return _MEASURED_PEAK[dtype, n]
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        begin = time.perf_counter()
+        f(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - begin)
+    _MEASURED_PEAK[dtype, n] = 2 * n**3 / best
+    return _MEASURED_PEAK[dtype, n]
+
+
+def peak_flops(dtype: str = "float32", device=None) -> tuple[float, str]:
+    """(peak FLOP/s, where it came from) for one device: the table for accelerators, a
+    measured matmul on CPU (or on an accelerator the table does not know)."""
+    import jax
+
+    device = device or jax.devices()[0]
+    if device.platform != "cpu":
+        for kind, peaks in PEAK_FLOPS.items():
+            if kind.lower() in device.device_kind.lower():
+                return peaks[dtype], f"datasheet ({kind})"
+    return measure_matmul_peak(dtype), f"measured ({device.device_kind} matmul)"
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak: float, n_devices: int = 1) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of the devices used."""
+    return tokens_per_s * flops_per_token / (peak * n_devices)

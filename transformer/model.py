@@ -28,13 +28,14 @@ is how visualize.py and explain.py look inside.
 
 from __future__ import annotations
 
+
 import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention, kvcache, rope
+from transformer import attention, fastdense, kvcache, rope
 from transformer.config import ModelConfig
 
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
@@ -79,7 +80,7 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
         c = self.config
         H, G, K = c.n_heads, c.kv_heads, c.head_dim
-        dense = functools.partial(nn.DenseGeneral, dtype=c.dtype, param_dtype=c.param_dtype)
+        dense = fastdense.factory(c)  # nn.DenseGeneral, or the CPU fast path
         init = nn.initializers.normal(INIT_STD)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
 
@@ -104,6 +105,7 @@ class CausalSelfAttention(nn.Module):
             k_BGSK, v_BGSK = cache["k"], cache["v"]
         else:
             k_BGSK, v_BGSK = k_BGTK, v_BGTK
+            q_BHTK, k_BGSK, v_BGSK = fastdense.attention_inputs(c, q_BHTK, k_BGSK, v_BGSK)
 
         if c.attention_kernel == "jax":
             out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask)
@@ -133,7 +135,7 @@ class MLP(nn.Module):
     def __call__(self, x_BTD):
         c = self.config
         F = c.mlp_hidden
-        dense = functools.partial(nn.Dense, F, dtype=c.dtype, param_dtype=c.param_dtype,
+        dense = functools.partial(fastdense.factory(c, nn.Dense), F,  # or the CPU fast path
                                   kernel_init=_logical(nn.initializers.normal(INIT_STD),
                                                        ("embed", "mlp")),
                                   bias_init=_logical(nn.initializers.zeros, ("mlp",)))
@@ -146,9 +148,9 @@ class MLP(nn.Module):
         else:
             h_BTF = jax.nn.gelu(h_BTF, approximate=True)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
-        return nn.Dense(c.d_model, name="project", dtype=c.dtype, param_dtype=c.param_dtype,
-                        kernel_init=_logical(out_init, ("mlp", "embed")),
-                        bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
+        return fastdense.factory(c, nn.Dense)(
+            c.d_model, name="project", kernel_init=_logical(out_init, ("mlp", "embed")),
+            bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
 
 
 class Block(nn.Module):

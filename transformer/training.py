@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from transformer import (checkpoint, config as config_lib, data, faults, flops, inspect, resume,
                          sharding, signals)
 from transformer.config import ConfigError, ModelConfig
+from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
 
@@ -78,6 +79,13 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
                                      (params, opt_state), (state.params, state.opt_state))
     metrics = {"train_loss": loss, "grad_norm": grad_norm, "nonfinite": ~finite}
     return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def compute_precision(model_config: ModelConfig) -> str:
+    """The dtype the matmuls run in, for choosing the peak that MFU divides by."""
+    if model_config.matmul == "fast_bf16" or model_config.dtype == "bfloat16":
+        return "bfloat16"
+    return "float32"
 
 
 def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:
@@ -269,30 +277,46 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     start = int(state.step)
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
+    flops_per_token = flops.train_flops_per_token(trainer.model_config)
+    peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
     meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
     end = t.steps if stop_at is None else min(stop_at, t.steps)
     guard = faults.NonFiniteGuard(t.nonfinite, skipped)
     faults.install_save_delay()  # a test hook; nothing unless its variable is set
+    pending = None  # (step, metrics) of a logging step, read once the next step is queued
+
+    def report(done, metrics):
+        nonlocal tokens_since_log
+        metrics = jax.device_get(metrics)  # the only host sync of a logging interval
+        tokens_per_s = meter.tick(tokens_since_log)
+        tokens_since_log = 0
+        loss = float(metrics["train_loss"])
+        mfu = metrics_lib.mfu(tokens_per_s, flops_per_token, peak, jax.device_count())
+        metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
+                          grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
+                          skipped_steps=guard.skipped)
+        bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
+
     try:
         with signals.GracefulStop() as stop:
             for step in range(start, end):
                 done = step + 1
                 batch = faults.poison(trainer.batch(source, t.seed, "train", step), done)
                 state, metrics = trainer.step_fn(state, batch)
+                if pending is not None:  # one step late: the device never waits for the host
+                    report(*pending)
+                    pending = None
                 guard.push(done, metrics["nonfinite"])
                 faults.step_delay()
                 tokens_since_log += tokens_per_step
                 if done % t.log_every == 0 or done == t.steps:
-                    metrics = jax.device_get(metrics)  # the only host sync of a logging interval
-                    tokens_per_s = meter.tick(tokens_since_log)
-                    tokens_since_log = 0
-                    loss = float(metrics["train_loss"])
-                    metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
-                                      grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s,
-                                      skipped_steps=guard.skipped)
-                    bar.update(1, loss=loss, tok_s=tokens_per_s)
-                else:
-                    bar.update(1)
+                    pending = (done, metrics)
+                bar.update(1)
+                syncing = (done % t.eval_every == 0 or done % t.ckpt_every == 0 or done == end
+                           or stop.requested)
+                if pending is not None and syncing:
+                    report(*pending)  # about to sync anyway
+                    pending = None
                 if done % t.eval_every == 0 or done == t.steps:
                     with meter.paused():  # evaluation time is not training throughput
                         val_loss = evaluate(trainer, state.params, source, t.seed)

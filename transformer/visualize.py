@@ -37,6 +37,8 @@ def load_run(workdir, step=None):
         raise checkpoint.CheckpointError(f"{workdir}: no checkpoint yet; train first")
     meta = ckpts.read_meta(step)
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+    # Looking inside uses the float32 reference matmuls (params are the same in every mode).
+    model_config = dataclasses.replace(model_config, matmul="plain")
     # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),

@@ -1,0 +1,79 @@
+"""The bench and the MFU arithmetic it and train.py share."""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+
+from tests.conftest import run_cli
+from transformer import flops, metrics
+from transformer.config import ModelConfig, base_config, resolve_matmul
+from transformer.model import init_params
+
+
+def test_bench_and_training_count_flops_with_the_project_counter():
+    """MFU's numerator is flops.py's 6N + causal attention: doubling the context adds only
+    the attention term, 6·L·D per extra key position on average over the causal triangle."""
+    L, D, F, V, T = 4, 256, 1024, 256, 256
+    config = ModelConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=4, d_ff=F, max_seq_len=T)
+    params = init_params(config, jax.random.key(0))
+    n_matmul = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
+                   if "kernel" in jax.tree_util.keystr(path)) + V * D
+    assert flops.train_flops_per_token(config) == 6 * n_matmul + 6 * L * D * (T + 1)
+    longer = dataclasses.replace(config, max_seq_len=2 * T)
+    assert flops.train_flops_per_token(longer) - flops.train_flops_per_token(config) == (
+        6 * L * D * T)
+
+
+def test_mfu_is_achieved_over_peak():
+    assert metrics.mfu(1000.0, 2e9, 4e12) == pytest.approx(0.5)
+    assert metrics.mfu(1000.0, 2e9, 1e12, n_devices=4) == pytest.approx(0.5)
+
+
+def test_peak_comes_from_the_table_on_accelerators_and_is_measured_on_cpu():
+    class FakeGPU:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+    assert metrics.peak_flops("bfloat16", FakeGPU()) == (989e12, "datasheet (H100)")
+    peak, source = metrics.peak_flops("float32", jax.devices("cpu")[0])
+    assert 1e8 < peak < 1e14 and source.startswith("measured")
+
+
+def test_auto_matmul_is_the_bf16_fast_path_on_cpu():
+    assert base_config().model.matmul == "auto"
+    assert resolve_matmul() == ("fast_bf16" if jax.default_backend() == "cpu" else "plain")
+    assert ModelConfig.from_config(base_config()).matmul == resolve_matmul()
+
+
+def test_bench_json_has_the_figures_and_no_recompiles():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = run_cli("-m", "transformer.bench", "--config=configs/tiny.py", "--json",
+                     "--rounds=1", "--steps=1", "--warmup=0", "--decode_reps=1",
+                     "--new_tokens=8", "--config.data.corpus=random")
+    assert result.returncode == 0, result.stderr[-2000:]
+    r = json.loads(result.stdout)
+    for key in ("train_tokens_per_s", "peer_train_tokens_per_s", "decode_tokens_per_s_b1",
+                "peer_decode_tokens_per_s_b1", "decode_tokens_per_s_b8",
+                "peer_decode_tokens_per_s_b8", "mfu", "compiles", "config",
+                "train_tokens_per_s_bf16", "val_loss_ratio_bf16"):
+        assert key in r, key
+        if key not in ("compiles", "config"):
+            assert r[key] > 0, key
+    assert r["config"]["model"]["d_model"] == 64
+    # One program per shape: repeated steps and generations never compile again.
+    assert r["recompiles_after_warmup"] == 0
+    assert r["compiles"]["decode_b1"] <= 2 and r["compiles"]["prefill_b1"] == 1
+
+
+def test_bench_without_the_peer_prints_a_table():
+    result = run_cli("-m", "transformer.bench", "--config=configs/tiny.py", "--no_peer",
+                     "--modes=f32", "--rounds=1", "--steps=1", "--warmup=0", "--decode_reps=1",
+                     "--new_tokens=4", "--config.data.corpus=random")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train tokens/s, f32" in result.stdout and "decode tokens/s, batch 8" in result.stdout
+
+
+def test_bench_refuses_a_bad_mode():
+    result = run_cli("-m", "transformer.bench", "--no_peer", "--modes=fp8")
+    assert result.returncode == 2 and result.stderr.startswith("error: --modes=fp8")
