@@ -75,10 +75,34 @@ def test_greedy_scan_decoding_equals_naive_full_recompute(tiny_config, tiny_para
     if scan_layers:
         config = dataclasses.replace(tiny_config, scan_layers=True)
         params = stack_layers(tiny_params, tiny_config.n_layers)
+    # 40 new tokens after a 16-slot bucket run through caches of 32 and 64 slots (segments).
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [42]]
-    out = decode.generate(config, params, prompts, max_new_tokens=12, temperature=0.0)
+    out = decode.generate(config, params, prompts, max_new_tokens=40, temperature=0.0)
     for prompt, tokens in zip(prompts, out):
-        assert tokens == _naive_greedy(tiny_config, tiny_params, prompt, 12)
+        assert tokens == _naive_greedy(tiny_config, tiny_params, prompt, 40)
+
+
+def test_a_batch_of_one_decodes_like_a_row_of_a_batch(tiny_config, tiny_params):
+    """Batch 1 has a cache with no size-1 axis and its own compiled program: same tokens."""
+    prompt = [5, 6, 7, 8, 9]
+    alone = decode.generate(tiny_config, tiny_params, [prompt], max_new_tokens=30,
+                            temperature=0.0)
+    assert alone == [_naive_greedy(tiny_config, tiny_params, prompt, 30)]
+    in_batch = decode.generate(tiny_config, tiny_params, [prompt, [1, 2]], max_new_tokens=30,
+                               temperature=0.0)
+    assert in_batch[0] == alone[0]
+
+
+@pytest.mark.parametrize("P,new,S", [(16, 8, 64), (16, 49, 64), (32, 200, 512), (16, 1, 64),
+                                     (64, 400, 505), (256, 257, 512)])
+def test_decode_segments_cover_every_step_with_room_for_its_slot(P, new, S):
+    pieces = decode.segments(P, new, S)
+    steps = [i for first, stop, _ in pieces for i in range(first, stop)]
+    assert steps == list(range(new - 1))  # every scan step once, in order
+    for first, stop, length in pieces:
+        assert first < stop and P + stop <= length <= S  # the last slot written fits
+        assert length == S or (length & (length - 1) == 0 and length < 2 * (P + stop))
+    assert len(pieces) <= int(np.log2(S)) + 1  # a handful of scans, not one per token
 
 
 def test_sampling_knobs_seed_and_prompt_do_not_recompile(tiny_config, tiny_params):
@@ -142,6 +166,7 @@ def test_bad_prompts_are_refused(tiny_config, tiny_params, prompts, new, match):
 def test_cache_has_the_documented_layout(tiny_config):
     cache = decode.new_cache(config=tiny_config, batch=3)
     assert len(cache) == tiny_config.n_layers
-    expected = (3, tiny_config.n_heads, tiny_config.max_seq_len, tiny_config.head_dim)
-    assert all(layer["k"].shape == layer["v"].shape == expected for layer in cache)
-    assert kvcache.cache_bytes(cache) == 2 * tiny_config.n_layers * np.prod(expected) * 4
+    H, S, K = tiny_config.n_heads, tiny_config.max_seq_len, tiny_config.head_dim
+    assert all(layer["k"].shape == layer["v"].shape == (3 * H, S, K) for layer in cache)
+    assert all(x.shape == (3, H, S, K) for x in kvcache.read(cache[0], batch=3))
+    assert kvcache.cache_bytes(cache) == 2 * tiny_config.n_layers * 3 * H * S * K * 4

@@ -95,7 +95,7 @@ def test_cached_decoding_equals_full_forward(name):
     full_BTV = forward(config, params, x_BT)  # row 1's real tokens are x_BT[1, :T - pad]
     np.testing.assert_allclose(cached_BTV[0], full_BTV[0], atol=2e-5)
     np.testing.assert_allclose(cached_BTV[1, pad:], full_BTV[1, :T - pad], atol=2e-5)
-    assert cache[0]["k"].shape == (2, config.kv_heads, T, config.head_dim)
+    assert cache[0]["k"].shape == (2 * config.kv_heads, T, config.head_dim)
 
 
 @variant
@@ -163,7 +163,7 @@ def test_generation_cache_has_n_kv_heads_heads():
         params, cache, np.ones((2, 4), np.int32), np.zeros(2, np.int32), jax.random.key(0),
         jnp.float32(0), jnp.int32(0), jnp.float32(1), jnp.int32(-1), config=config,
         max_new_tokens=3)
-    assert all(layer[k].shape == (2, n_kv_heads, T, config.head_dim)
+    assert all(layer[k].shape == (2 * n_kv_heads, T, config.head_dim)
                for layer in cache for k in ("k", "v"))
 
 

@@ -57,16 +57,18 @@ def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
     the weights are float32 and rows sum to 1.
     """
     B, H, T, d_k = q_BHTK.shape
-    G = k_BGSK.shape[1]
-    q_BGRTK = q_BHTK.reshape(B, G, H // G, T, d_k)  # head h = g·R + r
-    scores_BGRTS = jnp.einsum("bgrtk,bgsk->bgrts", q_BGRTK, k_BGSK,
-                              preferred_element_type=jnp.float32)
-    scores_BHTS = scores_BGRTS.reshape(B, H, T, -1) / jnp.sqrt(jnp.float32(d_k))
+    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    # As batched matmuls over N = B·G (key/value head) slices: every reshape here is free,
+    # and XLA needs no transposed copy of K or V (which, for the KV cache, is a large array).
+    q_NXK = q_BHTK.reshape(B * G, (H // G) * T, d_k)  # X = R·T: a head group's queries
+    k_NSK, v_NSK = k_BGSK.reshape(B * G, S, d_k), v_BGSK.reshape(B * G, S, d_k)
+    scores_NXS = jnp.einsum("nxk,nsk->nxs", q_NXK, k_NSK, preferred_element_type=jnp.float32)
+    scores_BHTS = scores_NXS.reshape(B, H, T, S) / jnp.sqrt(jnp.float32(d_k))
     scores_BHTS = jnp.where(mask_BHTS, scores_BHTS, MASKED)
     weights_BHTS = softmax(scores_BHTS)
-    weights_BGRTS = weights_BHTS.reshape(scores_BGRTS.shape).astype(v_BGSK.dtype)
-    out_BGRTK = jnp.einsum("bgrts,bgsk->bgrtk", weights_BGRTS, v_BGSK)
-    return out_BGRTK.reshape(B, H, T, d_k), weights_BHTS
+    weights_NXS = weights_BHTS.reshape(B * G, -1, S).astype(v_BGSK.dtype)
+    out_NXK = jnp.einsum("nxs,nsk->nxk", weights_NXS, v_NSK)
+    return out_NXK.reshape(B, H, T, d_k), weights_BHTS
 
 
 def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):

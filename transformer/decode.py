@@ -1,6 +1,6 @@
 """Generation: one prefill pass over the prompts, then a `lax.scan` that emits one token per step.
 
-    cache  = zeros [B, G, S, K] per layer               preallocated, fixed shape (G K/V heads)
+    cache  = zeros [B·G, S, K] per layer              preallocated, fixed shape (G K/V heads)
     logits = model(prompts, cache)                       prefill: write the whole prompt
     repeat max_new_tokens - 1 times (lax.scan):
       token  = sample(logits[:, -1])                     greedy / temperature / top-k / top-p
@@ -9,7 +9,9 @@
 Prompts of different lengths are left-padded to a shared length P, so every row writes its
 next token to the same slot; each row's mask hides its padding slots and its positions
 count from its first real token. P is rounded up to a bucket (16, 32, 64, ...), so a handful
-of compiled programs serve every prompt. Temperature, top-k, top-p, the key, the prompt
+of compiled programs serve every prompt. The loop is split into a few scans whose cache is
+cut to the slots that can be filled by then (16, 32, 64, ... of them, `segments`), so early
+tokens do not read the empty end of the cache. Temperature, top-k, top-p, the key, the prompt
 content and the end token are traced arguments: changing them never recompiles.
 
 On a device mesh (`generate(..., mesh=, rules=)`) the same program is compiled with explicit
@@ -61,6 +63,22 @@ def check_prompts(prompts, max_new_tokens: int, max_seq_len: int) -> None:
                 f"ask for at most {max_seq_len - len(prompt)} new tokens")
 
 
+def segments(P: int, max_new_tokens: int, S: int) -> list[tuple[int, int, int]]:
+    """The decode loop in pieces (first, stop, length): steps first .. stop-1 (which write
+    slots P+first .. P+stop-1) run with the cache cut to its first `length` slots, a power of
+    two (or S). Attention then reads at most about twice the filled slots, not all S."""
+    out, i = [], 0
+    while i < max_new_tokens - 1:
+        length = MIN_BUCKET
+        while length < P + i + 1:
+            length *= 2
+        length = min(length, S)
+        stop = min(max_new_tokens - 1, length - P)
+        out.append((i, stop, length))
+        i = stop
+    return out
+
+
 def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
     """The one function decoding needs from the model: tokens + cache → logits + cache."""
     T = tokens_BT.shape[1]
@@ -71,7 +89,7 @@ def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
 
 def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
                     *, config: ModelConfig, max_new_tokens: int):
-    """The compiled program: prefill + scan. Returns (tokens_BN, cache).
+    """The compiled program: prefill + the decode scans. Returns (tokens_BN, cache).
 
     prompt_BP is left-padded; start_B[b] is the slot of row b's first real token. Tokens after
     a row's first `eos_id` are PAD_ID. The cache argument is donated and returned updated.
@@ -80,12 +98,6 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
     params = fastdense.decode_params(config, params)   # bf16 kernels in fast_bf16 mode
     B, P = prompt_BP.shape
-    if B == 1:
-        # With a batch of one, XLA-CPU drops the size-1 dim of the [1, H, S, K] cache and the
-        # in-place write becomes copies of every layer's cache on every step (the compiled HLO
-        # shows 32 of them). Decoding the row twice costs far less; row 0 is returned.
-        prompt_BP, start_B = jnp.tile(prompt_BP, (2, 1)), jnp.tile(start_B, 2)
-        cache = jax.tree.map(lambda x: jnp.concatenate([x, x]), cache)
 
     # One key per token, split before the loop. Inside it they become counter-based
     # (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a while loop, and a loop nested in the
@@ -107,11 +119,16 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
         done_B = done_B | (token_B == eos_id)
         return (cache, token_B, done_B), token_B
 
-    (cache, _, _), rest_NB = jax.lax.scan(step, (cache, token_B, done_B),
-                                          jnp.arange(max_new_tokens - 1))
+    # One scan per cache length (16, 32, 64, ... slots): a step reads only the slots that can
+    # be filled by then. Each piece is compiled once, inside this one program.
+    carry, rest = (cache, token_B, done_B), []
+    for first, stop, length in segments(P, max_new_tokens, config.max_seq_len):
+        carry = (kvcache.prefix(carry[0], length),) + carry[1:]
+        carry, tokens_NB = jax.lax.scan(step, carry, jnp.arange(first, stop))
+        rest.append(tokens_NB)
+    cache = kvcache.prefix(carry[0], config.max_seq_len)
+    rest_NB = jnp.concatenate(rest) if rest else jnp.zeros((0, B), jnp.int32)
     tokens_BN = jnp.concatenate([token_B[:, None], rest_NB.T], axis=1)
-    if B == 1:
-        tokens_BN, cache = tokens_BN[:1], jax.tree.map(lambda x: x[:1], cache)
     return tokens_BN, cache
 
 

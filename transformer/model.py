@@ -102,7 +102,7 @@ class CausalSelfAttention(nn.Module):
 
         if cache is not None:  # generation: keys and values of earlier tokens come from the cache
             cache = kvcache.write(cache, k_BGTK, v_BGTK, index)
-            k_BGSK, v_BGSK = cache["k"], cache["v"]
+            k_BGSK, v_BGSK = kvcache.read(cache, x_BTD.shape[0])
         else:
             k_BGSK, v_BGSK = k_BGTK, v_BGTK
             q_BHTK, k_BGSK, v_BGSK = fastdense.attention_inputs(c, q_BHTK, k_BGSK, v_BGSK)
@@ -218,7 +218,8 @@ class GPT(nn.Module):
             x_BTD = self._blocks(x_BTD, mask, positions_BT)
             new_cache = None
         else:
-            mask = attention.cache_mask(start_B, index, T, c.max_seq_len, c.sliding_window)
+            S = cache[0]["k"].shape[1]  # the slots held: max_seq_len, or the first S of them
+            mask = attention.cache_mask(start_B, index, T, S, c.sliding_window)
             new_cache = []
             for i, layer_cache in enumerate(cache):
                 x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, positions_BT,

@@ -43,6 +43,11 @@ def filter_logits(logits_BV, temperature, top_k, top_p):
 
 def sample(logits_BV, key, temperature, top_k, top_p):
     """One token per row: argmax when temperature is 0, else a draw from the filtered softmax."""
-    greedy_B = jnp.argmax(logits_BV, axis=-1)
-    drawn_B = jax.random.categorical(key, filter_logits(logits_BV, temperature, top_k, top_p))
-    return jnp.where(temperature > 0, drawn_B, greedy_B).astype(jnp.int32)
+    def draw(logits_BV):
+        return jax.random.categorical(key, filter_logits(logits_BV, temperature, top_k, top_p))
+
+    def greedy(logits_BV):
+        return jnp.argmax(logits_BV, axis=-1)
+
+    # A branch, not a select: greedy decoding skips the sort that the filters need.
+    return jax.lax.cond(temperature > 0, draw, greedy, logits_BV).astype(jnp.int32)
