@@ -1,20 +1,29 @@
-"""Dense layers with a hand-written backward pass: the fast path for XLA's CPU backend.
+"""Dense layers and attention with hand-written backward passes: the fast path for XLA-CPU.
 
     y = x W + b                     forward: one matmul, float32 accumulation
     dx = dy W^T                     backward, written out by hand (jax.custom_vjp)
-    dW = X^T dy                     X^T materialised as x.transpose(..).reshape(I, N)
+    dW = X^T dy                     bf16: X^T materialised as x.transpose(..).reshape(I, N)
 
-Why: left to autodiff, XLA-CPU folds the transposes of the backward into `a.T @ b` dots that
-run through a slow fallback (~120 GFLOP/s against ~200 for `a @ b` in float32), and a bfloat16
-forward does not help because the backward dots stay slow. Writing the backward by hand with
-an explicitly laid out X^T keeps every matmul on the fast kernel (see docs/README-performance.md
-for the measurements). On GPU/TPU autodiff is already fast: use `model.matmul = "plain"`.
+    attention (training)            causal, upper triangle skipped, softmax in float32;
+                                    backward dV = P^T dO, dS = P ⊙ (dP - rowsum(dP ⊙ P)),
+                                    dQ = dS K, dK = dS^T Q, all in the compute dtype
 
-`model.matmul` picks the layer (the parameters are the same in every mode, so a checkpoint
+Why: left to autodiff, XLA-CPU folds the transposes of the backward into `a.T @ b` dots. In
+bfloat16 those run ~3-5x slower than `a @ b` (~150-250 against ~500-800 GFLOP/s on AMX), so
+the bf16 backward keeps an explicitly laid-out X^T. In float32 the folded dot is almost as
+fast and the explicit transpose is not (XLA fused the GELU into it: 50-70 ms per activation),
+so the float32 backward lets XLA fold. Autodiff through attention also casts and copies its
+[B, H, T, T] tensors several times over; the hand-written backward does each matmul once in
+the compute dtype, and skipping the upper triangle saves a quarter of the work. Together
+these took the bench's training step from ~540 to ~375 ms (bf16) and ~850 to ~610 ms
+(float32) on a 2-core Xeon (README, Performance). On GPU/TPU autodiff is already fast: use
+`model.matmul = "plain"` (what `auto` picks there).
+
+`model.matmul` picks the path (the parameters are the same in every mode, so a checkpoint
 trained in one mode loads in another):
-    plain      flax.linen.DenseGeneral, autodiff backward
-    fast_f32   this layer, float32 inputs: the same numbers as `plain` up to summation order
-    fast_bf16  this layer, bfloat16 matmul inputs with float32 accumulation (mixed precision):
+    plain      flax.linen.DenseGeneral, autodiff backward, `attention.causal_attention`
+    fast_f32   this module, float32 inputs: the same numbers as `plain` up to summation order
+    fast_bf16  this module, bfloat16 matmul inputs with float32 accumulation (mixed precision):
                parameters, activations between layers, softmax and loss stay float32
 
     dense = fastdense.factory(config, nn.Dense)   # nn.Dense in plain mode, else this layer
@@ -31,6 +40,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import attention
+
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 _COMPUTE_DTYPE = {"fast_f32": "float32", "fast_bf16": "bfloat16"}
 
@@ -46,18 +57,29 @@ def matmul(x_BTI, w_IO, compute_dtype):
 def _matmul_fwd(x_BTI, w_IO, compute_dtype):
     x_c, w_c = x_BTI.astype(compute_dtype), w_IO.astype(compute_dtype)
     y_BTO = jnp.dot(x_c, w_c, preferred_element_type=jnp.float32)
-    # Keep X^T [I, B*T] for the weight gradient, transposed before the reshape: XLA folds a
-    # plain `.T` into the dot (the slow `a.T @ b` kernel) but not a transpose+reshape.
-    xT_IN = jnp.moveaxis(x_c, -1, 0).reshape(x_c.shape[-1], -1)
+    if compute_dtype == "bfloat16":
+        # Keep X^T [I, B*T] for the weight gradient, transposed before the reshape: XLA folds
+        # a plain `.T` into the dot (the slow `a.T @ b` kernel) but not a transpose+reshape.
+        x_saved = jnp.moveaxis(x_c, -1, 0).reshape(x_c.shape[-1], -1)
+    else:
+        # In float32 the folded dot is nearly as fast, and the explicit transpose is not
+        # cheap: XLA fused the GELU into it and took 50-70 ms per [4096, 1024] activation.
+        x_saved = x_c.reshape(-1, x_c.shape[-1])
     # Residuals must be arrays: empty ones carry the primal dtypes to the backward pass.
-    return y_BTO, (xT_IN, w_c, jnp.empty((0,), x_BTI.dtype), jnp.empty((0,), w_IO.dtype))
+    return y_BTO, (x_saved, w_c, jnp.empty((0,), x_BTI.dtype), jnp.empty((0,), w_IO.dtype))
 
 
 def _matmul_bwd(compute_dtype, residuals, dy_BTO):
-    xT_IN, w_c, x_tag, w_tag = residuals
+    x_saved, w_c, x_tag, w_tag = residuals
     dy_c = dy_BTO.astype(compute_dtype)
-    dx_BTI = jnp.dot(dy_c, _transpose(w_c), preferred_element_type=jnp.float32)
-    dw_IO = jnp.dot(xT_IN, dy_c.reshape(-1, dy_c.shape[-1]), preferred_element_type=jnp.float32)
+    dy_NO = dy_c.reshape(-1, dy_c.shape[-1])
+    if compute_dtype == "bfloat16":
+        dx_BTI = jnp.dot(dy_c, _transpose(w_c), preferred_element_type=jnp.float32)
+        dw_IO = jnp.dot(x_saved, dy_NO, preferred_element_type=jnp.float32)  # X^T [I, N] @ dy
+    else:
+        dx_BTI = jnp.dot(dy_c, w_c.T, preferred_element_type=jnp.float32)
+        dw_IO = jax.lax.dot_general(x_saved, dy_NO, (((0,), (0,)), ((), ())),
+                                    preferred_element_type=jnp.float32)  # X [N, I] . dy over N
     return dx_BTI.astype(x_tag.dtype), dw_IO.astype(w_tag.dtype)
 
 
@@ -110,13 +132,68 @@ class DenseGeneral(nn.Module):
         return y.astype(self.dtype or x.dtype)
 
 
-def attention_inputs(config, *qkv):
-    """Q, K, V as attention's matmuls should take them: bfloat16 in `fast_bf16` mode (scores
-    still accumulate and softmax in float32, see attention.py), unchanged otherwise. Used on
-    the training path only: a decode step would cast the whole cache every token."""
-    if config.matmul != "fast_bf16":
-        return qkv
-    return tuple(a.astype(jnp.bfloat16) for a in qkv)
+def causal_attention(config, q_BHTK, k_BGTK, v_BGTK, window: int = 0):
+    """Causal self-attention for training in the fast modes: `attention.causal_attention`
+    (the upper triangle skipped) with the matmuls in the compute dtype (bfloat16 inputs,
+    float32 accumulation in `fast_bf16`), the softmax in float32 and a hand-written backward
+    (`_attend`). Returns out_BHTK; the weights are not returned (visualize.py uses `plain`)."""
+    B, H, T, K = q_BHTK.shape
+    G = k_BGTK.shape[1]
+    R = H // G
+    q_NXK = q_BHTK.reshape(B * G, R * T, K)  # N = B·G key/value heads, X = R·T queries
+    k_NTK, v_NTK = k_BGTK.reshape(B * G, T, K), v_BGTK.reshape(B * G, T, K)
+    cdt = _COMPUTE_DTYPE[config.matmul]
+    if T % 2 or T < 2 * attention.MIN_CAUSAL_BLOCK or R > 1:
+        out_NXK = _attend(q_NXK, k_NTK, v_NTK, R, 0, window, cdt)
+        return out_NXK.reshape(B, H, T, K)
+    h = T // 2  # first half of the queries: the first half of the keys only
+    out0_NhK = _attend(q_NXK[:, :h], k_NTK[:, :h], v_NTK[:, :h], 1, 0, window, cdt)
+    out1_NhK = _attend(q_NXK[:, h:], k_NTK, v_NTK, 1, h, window, cdt)
+    return jnp.concatenate([out0_NhK, out1_NhK], axis=1).reshape(B, H, T, K)
+
+
+def _mask(X: int, S: int, R: int, q_offset: int, window: int):
+    """mask_1XS for queries at positions q_offset .. S-1 (each of the R query heads of a
+    key/value head, x = r·T + t) over keys 0 .. S-1: rows of `attention.causal_mask`."""
+    mask_TS = attention.causal_mask(S, window)[0, 0, q_offset:]
+    assert mask_TS.shape[0] * R == X, "queries must be the last positions of the keys"
+    return jnp.tile(mask_TS, (R, 1))[None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _attend(q_NXK, k_NSK, v_NSK, R, q_offset, window, compute_dtype):
+    """softmax(Q K^T / sqrt(K) + causal mask) V over N independent heads (float32 result)."""
+    return _attend_fwd(q_NXK, k_NSK, v_NSK, R, q_offset, window, compute_dtype)[0]
+
+
+def _attend_fwd(q_NXK, k_NSK, v_NSK, R, q_offset, window, compute_dtype):
+    X, S, K = q_NXK.shape[1], k_NSK.shape[1], q_NXK.shape[2]
+    q_c, k_c, v_c = (a.astype(compute_dtype) for a in (q_NXK, k_NSK, v_NSK))
+    scores_NXS = jnp.einsum("nxk,nsk->nxs", q_c, k_c, preferred_element_type=jnp.float32)
+    scores_NXS = jnp.where(_mask(X, S, R, q_offset, window), scores_NXS * K ** -0.5,
+                           attention.MASKED)
+    p_NXS = attention.softmax(scores_NXS)
+    p_c = p_NXS.astype(compute_dtype)
+    out_NXK = jnp.einsum("nxs,nsk->nxk", p_c, v_c, preferred_element_type=jnp.float32)
+    return out_NXK.astype(q_NXK.dtype), (q_c, k_c, v_c, p_c)
+
+
+def _attend_bwd(R, q_offset, window, compute_dtype, residuals, dout_NXK):
+    q_c, k_c, v_c, p_c = residuals
+    K = q_c.shape[2]
+    dout_c = dout_NXK.astype(compute_dtype)
+    dv_NSK = jnp.einsum("nxs,nxk->nsk", p_c, dout_c, preferred_element_type=jnp.float32)
+    dp_NXS = jnp.einsum("nxk,nsk->nxs", dout_c, v_c, preferred_element_type=jnp.float32)
+    p_NXS = p_c.astype(jnp.float32)
+    # softmax backward: dS = P ⊙ (dP - rowsum(dP ⊙ P)); masked entries have P = 0.
+    ds_NXS = p_NXS * (dp_NXS - jnp.sum(dp_NXS * p_NXS, axis=-1, keepdims=True)) * K ** -0.5
+    ds_c = ds_NXS.astype(compute_dtype)
+    dq_NXK = jnp.einsum("nxs,nsk->nxk", ds_c, k_c, preferred_element_type=jnp.float32)
+    dk_NSK = jnp.einsum("nxs,nxk->nsk", ds_c, q_c, preferred_element_type=jnp.float32)
+    return dq_NXK, dk_NSK, dv_NSK
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 def decode_params(config, params):

@@ -105,12 +105,15 @@ class CausalSelfAttention(nn.Module):
             k_BGSK, v_BGSK = kvcache.read(cache, x_BTD.shape[0])
         else:
             k_BGSK, v_BGSK = k_BGTK, v_BGTK
-            q_BHTK, k_BGSK, v_BGSK = fastdense.attention_inputs(c, q_BHTK, k_BGSK, v_BGSK)
 
-        if c.attention_kernel == "jax":
+        if cache is None and c.matmul != "plain" and c.attention_kernel == "einsum":
+            out_BHTK = fastdense.causal_attention(c, q_BHTK, k_BGSK, v_BGSK, c.sliding_window)
+        elif c.attention_kernel == "jax":
             out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask)
         else:
-            out_BHTK, weights_BHTS = attention.dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+            attend = attention.dot_product_attention if cache is not None else (
+                attention.causal_attention)  # training and scoring: skip the upper triangle
+            out_BHTK, weights_BHTS = attend(q_BHTK, k_BGSK, v_BGSK, mask)
             self.sow("intermediates", "attention_weights", weights_BHTS)
 
         # Concatenating the heads and applying W_O is one contraction over (H, K).
