@@ -7,7 +7,7 @@
 
 One process measures, in alternating rounds so that both sides see the same machine:
 - training: tokens/s and step time of `Trainer.step_fn` (the loop `train.py` runs) in float32
-  (`model.matmul = plain`, or --f32_matmul=fast_f32) and in bf16-input mixed precision
+  (`model.matmul = fast_f32`, or --f32_matmul=plain) and in bf16-input mixed precision
   (`fast_bf16`), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
@@ -54,7 +54,7 @@ _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed training steps before the f
 _DECODE_REPS = flags.DEFINE_integer("decode_reps", 2, "Timed generations per round.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens before decoding.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens to decode.")
-_F32_MATMUL = flags.DEFINE_enum("f32_matmul", "plain", ["plain", "fast_f32"],
+_F32_MATMUL = flags.DEFINE_enum("f32_matmul", "fast_f32", ["plain", "fast_f32"],
                                 "model.matmul of the float32 training mode.")
 _MODES = flags.DEFINE_list("modes", ["f32", "bf16"], "Training modes: f32 and/or bf16.")
 
@@ -209,7 +209,7 @@ def _decode_config(model_config: ModelConfig, prompt_len: int, new_tokens: int) 
 
 
 def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt_len=16,
-        new_tokens=256, f32_matmul="plain", modes=("f32", "bf16"), log=lambda s: None) -> dict:
+        new_tokens=256, f32_matmul="fast_f32", modes=("f32", "bf16"), log=lambda s: None) -> dict:
     """Runs every measurement; returns the figures as a JSON-able dict."""
     counter = CompileCounter()
     config = config_lib.validate(config)

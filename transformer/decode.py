@@ -96,8 +96,8 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     """
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
-    params = fastdense.decode_params(config, params)   # bf16 kernels in fast_bf16 mode
     B, P = prompt_BP.shape
+    config, params = fastdense.decode_setup(config, params, B)  # bf16 kernels, or not
 
     # One key per token, split before the loop. Inside it they become counter-based
     # (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a while loop, and a loop nested in the
