@@ -231,11 +231,17 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     peak_bf16, source_bf16 = metrics.peak_flops("bfloat16")
     out.update(peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16, peak_source=source_f32)
 
-    mode_matmul = {"f32": f32_matmul, "bf16": "fast_bf16"}
+    # On CPU the modes are the fast path's (fastdense.py); on GPU/TPU XLA's own kernels and
+    # autodiff, with bfloat16 compute (model.dtype) for the mixed mode.
+    on_cpu = jax.devices()[0].platform == "cpu"
+    mode_matmul = {"f32": f32_matmul if on_cpu else "plain",
+                   "bf16": "fast_bf16" if on_cpu else "plain"}
     ours = {}
     for mode in modes:
         cfg = config_lib.from_dict(config_lib.to_dict(config))
         cfg.model.matmul = mode_matmul[mode]
+        if mode == "bf16" and not on_cpu:
+            cfg.model.dtype = "bfloat16"
         log(f"compiling the train step ({mode}, model.matmul={cfg.model.matmul})")
         ours[mode] = OurTraining(cfg, batches, counter, mode)
         ours[mode].run(warmup, timed=False)
