@@ -141,16 +141,20 @@ def causal_attention(config, q_BHTK, k_BGTK, v_BGTK, window: int = 0):
     B, H, T, K = q_BHTK.shape
     G = k_BGTK.shape[1]
     R = H // G
-    q_NXK = q_BHTK.reshape(B * G, R * T, K)  # N = B·G key/value heads, X = R·T queries
-    k_NTK, v_NTK = k_BGTK.reshape(B * G, T, K), v_BGTK.reshape(B * G, T, K)
+    N = B * G  # key/value heads; each serves R query heads: X = R·T queries
+    q_NRTK = q_BHTK.reshape(N, R, T, K)
+    k_NTK, v_NTK = k_BGTK.reshape(N, T, K), v_BGTK.reshape(N, T, K)
     cdt = _COMPUTE_DTYPE[config.matmul]
-    if T % 2 or T < 2 * attention.MIN_CAUSAL_BLOCK or R > 1:
-        out_NXK = _attend(q_NXK, k_NTK, v_NTK, R, 0, window, cdt)
+    if T % 2 or T < 2 * attention.MIN_CAUSAL_BLOCK:
+        out_NXK = _attend(q_NRTK.reshape(N, R * T, K), k_NTK, v_NTK, R, 0, window, cdt)
         return out_NXK.reshape(B, H, T, K)
     h = T // 2  # first half of the queries: the first half of the keys only
-    out0_NhK = _attend(q_NXK[:, :h], k_NTK[:, :h], v_NTK[:, :h], 1, 0, window, cdt)
-    out1_NhK = _attend(q_NXK[:, h:], k_NTK, v_NTK, 1, h, window, cdt)
-    return jnp.concatenate([out0_NhK, out1_NhK], axis=1).reshape(B, H, T, K)
+    out0_NXK = _attend(q_NRTK[:, :, :h].reshape(N, R * h, K), k_NTK[:, :h], v_NTK[:, :h],
+                       R, 0, window, cdt)
+    out1_NXK = _attend(q_NRTK[:, :, h:].reshape(N, R * h, K), k_NTK, v_NTK, R, h, window, cdt)
+    out_NRTK = jnp.concatenate([out0_NXK.reshape(N, R, h, K), out1_NXK.reshape(N, R, h, K)],
+                               axis=2)
+    return out_NRTK.reshape(B, H, T, K)
 
 
 def _mask(X: int, S: int, R: int, q_offset: int, window: int):
