@@ -197,6 +197,20 @@ def test_n_kv_heads_equal_to_n_heads_is_plain_multi_head_attention():
     np.testing.assert_allclose(out, np.einsum("bhts,bhsk->bhtk", expected_w, v), atol=1e-5)
 
 
+@pytest.mark.parametrize("T,window,G", [(64, 0, 4), (64, 7, 2), (65, 0, 4), (16, 0, 1)])
+def test_causal_attention_skipping_the_upper_triangle_changes_nothing(T, window, G):
+    """Query blocks that attend only to the keys they can see give the full computation's
+    output and weights (zeros above the diagonal), split (T = 64) or not (odd, short T)."""
+    q = jax.random.normal(jax.random.key(0), (2, 4, T, 8))
+    k, v = (jax.random.normal(jax.random.key(i), (2, G, T, 8)) for i in (1, 2))
+    mask = attention.causal_mask(T, window)
+    assert len(attention.causal_blocks(T)) == (2 if T == 64 else 1)
+    out, weights = attention.causal_attention(q, k, v, mask)
+    ref_out, ref_weights = attention.dot_product_attention(q, k, v, mask)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5)
+    np.testing.assert_allclose(weights, ref_weights, atol=1e-6)
+
+
 def test_default_n_kv_heads_keeps_the_cache_at_n_heads():
     config = ModelConfig.from_config(base_config())
     assert config.kv_heads == config.n_heads and config.mlp_hidden == config.d_ff

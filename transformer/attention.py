@@ -75,26 +75,29 @@ def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
     return out_NXK.reshape(B, H, T, d_k), weights_BHTS
 
 
+def causal_blocks(T: int) -> list[tuple[int, int]]:
+    """How causal self-attention over T positions splits its queries: blocks (start, stop)
+    where queries start .. stop-1 need keys 0 .. stop-1 only. Two halves (the first half never
+    sees the second half's keys: 3/4 of the work), or one block below 2 x MIN_CAUSAL_BLOCK."""
+    if T % 2 or T < 2 * MIN_CAUSAL_BLOCK:
+        return [(0, T)]
+    return [(0, T // 2), (T // 2, T)]
+
+
 def causal_attention(q_BHTK, k_BGTK, v_BGTK, mask_BHTT):
     """`dot_product_attention` for queries and keys at the same T positions under a causal
-    mask (key t' <= query t, with or without a sliding window), skipping the upper triangle.
-
-    The first half of the queries cannot see the second half of the keys, so it attends over
-    the first T/2 keys only; the second half attends over all T. That is 3/4 of the scores,
-    softmax and matmul work, with the same result (the skipped weights are exactly 0).
-    Returns (out_BHTK, weights_BHTT); the weights of the first half are padded with zeros.
-    """
+    mask (key t' <= query t, with or without a sliding window), skipping the upper triangle:
+    each block of queries (`causal_blocks`) attends over the keys it can see, with the same
+    result (the skipped weights are exactly 0). Returns (out_BHTK, weights_BHTT)."""
     T = q_BHTK.shape[2]
-    if T % 2 or T < 2 * MIN_CAUSAL_BLOCK:
-        return dot_product_attention(q_BHTK, k_BGTK, v_BGTK, mask_BHTT)
-    h = T // 2
-    out0_BHhK, w0_BHhh = dot_product_attention(q_BHTK[:, :, :h], k_BGTK[:, :, :h],
-                                               v_BGTK[:, :, :h], mask_BHTT[:, :, :h, :h])
-    out1_BHhK, w1_BHhT = dot_product_attention(q_BHTK[:, :, h:], k_BGTK, v_BGTK,
-                                               mask_BHTT[:, :, h:, :])
-    w0_BHhT = jnp.pad(w0_BHhh, ((0, 0), (0, 0), (0, 0), (0, T - h)))
-    return (jnp.concatenate([out0_BHhK, out1_BHhK], axis=2),
-            jnp.concatenate([w0_BHhT, w1_BHhT], axis=2))
+    outs, weights = [], []
+    for start, stop in causal_blocks(T):
+        out_BHXK, w_BHXS = dot_product_attention(q_BHTK[:, :, start:stop], k_BGTK[:, :, :stop],
+                                                 v_BGTK[:, :, :stop],
+                                                 mask_BHTT[:, :, start:stop, :stop])
+        outs.append(out_BHXK)
+        weights.append(jnp.pad(w_BHXS, ((0, 0), (0, 0), (0, 0), (0, T - stop))))
+    return jnp.concatenate(outs, axis=2), jnp.concatenate(weights, axis=2)
 
 
 def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):

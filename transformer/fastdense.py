@@ -145,16 +145,13 @@ def causal_attention(config, q_BHTK, k_BGTK, v_BGTK, window: int = 0):
     q_NRTK = q_BHTK.reshape(N, R, T, K)
     k_NTK, v_NTK = k_BGTK.reshape(N, T, K), v_BGTK.reshape(N, T, K)
     cdt = _COMPUTE_DTYPE[config.matmul]
-    if T % 2 or T < 2 * attention.MIN_CAUSAL_BLOCK:
-        out_NXK = _attend(q_NRTK.reshape(N, R * T, K), k_NTK, v_NTK, R, 0, window, cdt)
-        return out_NXK.reshape(B, H, T, K)
-    h = T // 2  # first half of the queries: the first half of the keys only
-    out0_NXK = _attend(q_NRTK[:, :, :h].reshape(N, R * h, K), k_NTK[:, :h], v_NTK[:, :h],
-                       R, 0, window, cdt)
-    out1_NXK = _attend(q_NRTK[:, :, h:].reshape(N, R * h, K), k_NTK, v_NTK, R, h, window, cdt)
-    out_NRTK = jnp.concatenate([out0_NXK.reshape(N, R, h, K), out1_NXK.reshape(N, R, h, K)],
-                               axis=2)
-    return out_NRTK.reshape(B, H, T, K)
+    outs = []
+    for start, stop in attention.causal_blocks(T):  # queries start..stop-1 see keys ..stop-1
+        X = R * (stop - start)
+        out_NXK = _attend(q_NRTK[:, :, start:stop].reshape(N, X, K), k_NTK[:, :stop],
+                          v_NTK[:, :stop], R, start, window, cdt)
+        outs.append(out_NXK.reshape(N, R, stop - start, K))
+    return jnp.concatenate(outs, axis=2).reshape(B, H, T, K)
 
 
 def _mask(X: int, S: int, R: int, q_offset: int, window: int):
