@@ -9,7 +9,7 @@
 import jax
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib, generate
+from transformer import checkpoint, cli, config as config_lib, generate, matmul_auto
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import init_params
@@ -37,7 +37,8 @@ def main(argv):
     # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
     found = ckpts.restore_good(_abstract_params, step=_STEP.value)
     step, meta, params = found.step, found.meta, found.params
-    config = config_lib.from_dict(meta["config"])
+    # The mode the run was trained in; a checkpoint saved before modes were resolved says auto.
+    config, _ = matmul_auto.resolve(config_lib.from_dict(meta["config"]))
     model_config = ModelConfig.from_config(config)
     tokenizer = tokenizers.from_json(meta["tokenizer"])
     if not _PROMPT.value:

@@ -32,7 +32,7 @@ import numpy as np
 
 from transformer import fit, flops, plot
 from transformer.config import ConfigError, ModelConfig, validate
-from transformer.inspect import human, model_config_of
+from transformer.sizes import human, model_config_of
 from transformer.metrics import MetricsLog
 
 BUDGETS = ("tokens", "flops", "chinchilla")

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from transformer import (checkpoint, config as config_lib, data, faults, flops, inspect, resume,
-                         sharding, signals)
+from transformer import (checkpoint, config as config_lib, data, faults, flops, matmul_auto,
+                         resume, sharding, signals, sizes)
 from transformer.config import ConfigError, ModelConfig
 from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
@@ -164,12 +164,12 @@ def evaluate(trainer: Trainer, params, source, seed: int) -> float:
 
 
 def summary(config, params, tokenizer, corpus_desc: str) -> str:
-    """`python -m transformer.inspect`'s report for this run, then what it trains on."""
+    """`python -m transformer.sizes`'s report for this run, then what it trains on."""
     t = config.train
     model_config = ModelConfig.from_config(config)
     m = config.model
     window = f", window {m.sliding_window}" if m.sliding_window else ""
-    lines = [inspect.summary(model_config, batch=t.batch_size, check=False),
+    lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
              f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
              f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
     counted, real = flops.param_counts(model_config)["total"], count_params(params)
@@ -183,15 +183,17 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
     return "\n".join(lines)
 
 
-def resolve(config, tokenizer) -> None:
-    """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
+def resolve(config, tokenizer):
+    """The config with derived values filled in (a new one; `config` is left as it is): the
+    vocabulary size from the tokenizer when it is 0."""
     if config.model.vocab_size == 0:
-        config.model.vocab_size = tokenizer.vocab_size
-    elif (config.model.vocab_size < tokenizer.vocab_size
+        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
+    if (config.model.vocab_size < tokenizer.vocab_size
           and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
+    return config
 
 
 def abstract_checkpoint(config, mesh=None):
@@ -237,7 +239,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     Everything that can be checked without writing is checked first (config, corpus,
     checkpoint compatibility, resume.check on a changed config); then the workdir is written.
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
-    config_lib.validate(config)
+    config, matmul = matmul_auto.resolve(config_lib.validate(config))
     main_process = jax.process_index() == 0
     if not main_process:
         log, progress = (lambda _: None), False
@@ -246,7 +248,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     found, damaged = find_checkpoint(workdir, config, mesh)
     saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
-    resolve(config, tokenizer)
+    config = resolve(config, tokenizer)
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
@@ -271,9 +273,11 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         metrics_log.truncate_after(found.step)  # steps after it are redone and logged again
         log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
+    log(matmul_auto.describe(matmul))
     log(sharding.describe(trainer.mesh))
 
-    meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json()}
+    meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json(),
+            "matmul_reason": matmul.reason}
     start = int(state.step)
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
