@@ -89,7 +89,7 @@ def members(sweep) -> list[Member]:
         for size in sweep.sizes:
             config = ml_collections.ConfigDict(sweep.base.to_dict())
             config.model.update({k: v for k, v in size.items() if k != "name"})
-            model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
+            model = model_config_of(config)
             if kind == "tokens":
                 tokens = value
             elif kind == "flops":
