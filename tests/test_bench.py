@@ -52,10 +52,10 @@ def test_bench_json_has_the_figures_and_no_recompiles():
                 "peer_decode_tokens_per_s_b8", "mfu", "compiles", "config",
                 "train_tokens_per_s_bf16", "val_loss_ratio_bf16"):
         assert key in r, key
-    assert r["matmul_auto"]["mode"] in ("plain", "fast_f32", "fast_bf16")
-    assert "xla_cpu_max_isa cap" in r["machine"]["isa"]
         if key not in ("compiles", "config"):
             assert r[key] > 0, key
+    assert r["matmul_auto"]["mode"] in ("plain", "fast_f32", "fast_bf16")
+    assert "xla_cpu_max_isa cap" in r["machine"]["isa"]
     assert r["config"]["model"]["d_model"] == 64
     # One program per shape: repeated steps and generations never compile again.
     assert r["recompiles_after_warmup"] == 0

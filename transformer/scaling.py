@@ -127,9 +127,9 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
         started = time.perf_counter()
-        training.train(m.config, run_dir, log=log, progress=progress)  # resolves vocab_size
+        _, tokenizer = training.train(m.config, run_dir, log=log, progress=progress)
         wall_s = time.perf_counter() - started
-        model = ModelConfig.from_config(m.config)
+        model = ModelConfig.from_config(training.resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
         (run_dir / "result.json").write_text(json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,

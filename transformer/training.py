@@ -274,6 +274,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
     log(matmul_auto.describe(matmul))
+    # This invocation's kernels head its lines (a resumed run may run other ones).
+    metrics_log.write(step=int(state.step), matmul=matmul.mode, matmul_reason=matmul.reason)
     log(sharding.describe(trainer.mesh))
 
     meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json(),
