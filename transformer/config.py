@@ -167,7 +167,7 @@ def _check_model(m) -> None:
 
 
 def _check_data(d) -> None:
-    if d.corpus in ("copy", "random") and d.tokenizer != "byte":
+    if d.corpus in fields.SYNTHETIC_CORPORA and d.tokenizer != "byte":
         _fail("data.tokenizer", d.tokenizer, f"synthetic corpus {d.corpus!r} needs tokenizer=byte")
 
 

@@ -36,6 +36,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")
+SYNTHETIC_CORPORA = ("copy", "random")  # data.corpus values that are generated, not read
 
 
 @dataclasses.dataclass(frozen=True)
