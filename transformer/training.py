@@ -274,8 +274,6 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
     log(matmul_auto.describe(matmul))
-    # This invocation's kernels head its lines (a resumed run may run other ones).
-    metrics_log.write(step=int(state.step), matmul=matmul.mode, matmul_reason=matmul.reason)
     log(sharding.describe(trainer.mesh))
 
     meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json(),
@@ -305,6 +303,9 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
 
     try:
         with signals.GracefulStop() as stop:
+            # This invocation's kernels head its lines (a resumed run may run other ones);
+            # written once a signal would save, since the file's existence means "running".
+            metrics_log.write(step=start, matmul=matmul.mode, matmul_reason=matmul.reason)
             for step in range(start, end):
                 done = step + 1
                 batch = faults.poison(trainer.batch(source, t.seed, "train", step), done)
