@@ -288,6 +288,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     guard = faults.NonFiniteGuard(t.nonfinite, skipped)
     faults.install_save_delay()  # a test hook; nothing unless its variable is set
     pending = None  # (step, metrics) of a logging step, read once the next step is queued
+    # This invocation's first line names its kernels (a resumed run may run other ones).
+    first_line = {"matmul": matmul.mode, "matmul_reason": matmul.reason}
 
     def report(done, metrics):
         nonlocal tokens_since_log
@@ -298,14 +300,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         mfu = metrics_lib.mfu(tokens_per_s, flops_per_token, peak, jax.device_count())
         metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
                           grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
-                          skipped_steps=guard.skipped)
+                          skipped_steps=guard.skipped, **first_line)
+        first_line.clear()
         bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
 
     try:
         with signals.GracefulStop() as stop:
-            # This invocation's kernels head its lines (a resumed run may run other ones);
-            # written once a signal would save, since the file's existence means "running".
-            metrics_log.write(step=start, matmul=matmul.mode, matmul_reason=matmul.reason)
             for step in range(start, end):
                 done = step + 1
                 batch = faults.poison(trainer.batch(source, t.seed, "train", step), done)
