@@ -16,7 +16,8 @@ import torch
 import transformers
 
 from conftest import run_cli
-from transformer import checkpoint, config as config_lib, decode, export, hf, hf_import, training
+from transformer import (checkpoint, config as config_lib, decode, export, hf, hf_import,
+                         hf_weights, training)
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import GPT, init_params, unstack_layers
@@ -222,3 +223,41 @@ def test_init_from_refuses_a_mismatched_shape_writing_nothing(tmp_path):
     assert "\n" not in message and "transformer.h.0.mlp.c_fc.weight" in message
     assert "(32, 48)" in message and "(32, 64)" in message
     assert not (tmp_path / "run").exists()
+
+
+def test_init_from_reads_a_bare_safetensors_file(tmp_path):
+    """A .safetensors file named like a bare GPT2Model's (no "transformer." prefix), with the
+    causal-mask buffers old GPT-2 files carry, starts a run with exactly its weights."""
+    from safetensors.numpy import save_file
+
+    config = run_config(scan_layers=True)
+    mc = ModelConfig.from_config(config)
+    params = random_params(dataclasses.replace(mc, scan_layers=False))
+    tensors = hf_weights.to_hf(mc, params)
+    bare = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    bare["h.0.attn.bias"] = np.tril(np.ones((1, 1, 128, 128), np.float32))
+    save_file(bare, str(tmp_path / "w.safetensors"))
+    config.train.init_from = str(tmp_path / "w.safetensors")
+    loaded = hf_import.init_params(config_lib.validate(config))
+    assert "blocks" in loaded  # the scanned layout training uses for this config
+    loaded = unstack_layers(loaded, mc.n_layers)
+    for want, got in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+
+@pytest.mark.parametrize("key, value", [("activation_function", "gelu"),
+                                        ("layer_norm_epsilon", 1e-6),
+                                        ("scale_attn_by_inverse_layer_idx", True),
+                                        ("model_type", "bert")])
+def test_hf_configs_we_compute_differently_are_refused(key, value):
+    cfg = {"model_type": "gpt2", "vocab_size": 320, "n_embd": 32, "n_layer": 2, "n_head": 4,
+           key: value}
+    with pytest.raises(hf.HFError, match=key):
+        hf.model_config_from_hf(cfg, "--hf=x")
+
+
+def test_init_from_config_check_names_the_field(tmp_path):
+    config = run_config()
+    config.train.init_from = str(tmp_path / "missing")
+    with pytest.raises(config_lib.ConfigError, match="train.init_from="):
+        config_lib.validate(config)

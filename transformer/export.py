@@ -97,9 +97,14 @@ def export(workdir, out, step=None) -> Path:
     from transformer.model import init_params
 
     check_out(out)
-    meta = checkpoint.Checkpoints(workdir, read_only=True).read_meta(step)
-    model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    hf.family(model_config)  # refuse before restoring anything
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    if step is not None and step not in ckpts.all_steps():
+        have = ", ".join(map(str, ckpts.all_steps())) or "none"
+        raise checkpoint.CheckpointError(f"--step={step}: no such checkpoint in {workdir} "
+                                         f"(steps saved: {have})")
+    meta = ckpts.read_meta(step)
+    # Refused here, before any restore: an error raised while restoring reads as "damaged".
+    hf.family(ModelConfig.from_config(config_lib.from_dict(meta["config"])))
 
     def abstract(meta):
         mc = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
@@ -108,7 +113,6 @@ def export(workdir, out, step=None) -> Path:
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
                             shapes), None
 
-    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(abstract, step=step)
     ckpts.close()
     model_config = ModelConfig.from_config(config_lib.from_dict(found.meta["config"]))

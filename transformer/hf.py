@@ -34,11 +34,11 @@ class HFError(ConfigError):
     """A model, folder or tensor that cannot be mapped; the message names the field or tensor."""
 
 
-def family(mc: ModelConfig, what: str = "export") -> str:
+def family(mc: ModelConfig, what: str = "cannot export to Hugging Face format") -> str:
     """"gpt2" or "llama": the `transformers` architecture that computes exactly what `mc` does.
     Raises HFError naming the first field that has no counterpart."""
     def refuse(field, value, need):
-        raise HFError(f"model.{field}={value!r}: cannot {what} in Hugging Face format; {need}")
+        raise HFError(f"model.{field}={value!r}: {what}; {need}")
 
     if mc.norm_placement != "pre":
         refuse("norm_placement", mc.norm_placement, "GPT-2 and Llama are pre-norm")

@@ -94,7 +94,7 @@ def init_params(config):
     path = config.train.init_from
     where = f"train.init_from={path}"
     model_config = ModelConfig.from_config(config)
-    hf.family(model_config, "import")
+    hf.family(model_config, "cannot load Hugging Face weights into it")
     params = hf_weights.from_hf(model_config, read_tensors(path, where), where)
     dtype = np.dtype(model_config.param_dtype) if model_config.param_dtype == "float32" else None
     if dtype is None:  # bfloat16 params: cast through jax's dtype

@@ -1,20 +1,19 @@
 """Tensor by tensor: our parameter tree ↔ the state dict of GPT2LMHeadModel / LlamaForCausalLM.
 
-    our path (per block i)             GPT-2 (Conv1D: [in, out])         Llama (Linear: [out, in])
-    embed.embedding [V, D]             transformer.wte.weight            model.embed_tokens.weight
-    pos_embed [T, D]                   transformer.wpe.weight            -
-    ln_attn.scale / .bias              h.i.ln_1.weight / .bias           layers.i.input_layernorm.weight
-    attn.query|key|value.kernel        h.i.attn.c_attn.weight [D, 3D]:   self_attn.q|k|v_proj.weight
-      [D, H, K] (+ bias [H, K])          Q, K, V side by side              [H·K, D] (transposed)
-    attn.out.kernel [H, K, D]          h.i.attn.c_proj.weight [D, D]     self_attn.o_proj.weight [D, H·K]
-    ln_mlp                             h.i.ln_2                          post_attention_layernorm
-    mlp.expand.kernel [D, F]           h.i.mlp.c_fc.weight               mlp.up_proj.weight (transposed)
-    mlp.gate.kernel [D, F]             -                                 mlp.gate_proj.weight (transposed)
-    mlp.project.kernel [F, D]          h.i.mlp.c_proj.weight             mlp.down_proj.weight (transposed)
-    ln_final                           transformer.ln_f                  model.norm
-    head.kernel [D, V] (untied only)   lm_head.weight [V, D]             lm_head.weight [V, D]
+    ours (block i)             GPT-2 (Conv1D [in, out])      Llama (Linear [out, in])
+    embed.embedding [V, D]     transformer.wte               model.embed_tokens
+    pos_embed [T, D]           transformer.wpe               -
+    ln_attn, ln_mlp            h.i.ln_1, h.i.ln_2            layers.i.input_layernorm,
+                                                             .post_attention_layernorm
+    attn.query|key|value       h.i.attn.c_attn [D, 3D]:      self_attn.q|k|v_proj
+      [D, H, K]                  Q, K, V side by side          [H·K, D] (transposed)
+    attn.out [H, K, D]         h.i.attn.c_proj [D, D]        self_attn.o_proj [D, H·K]
+    mlp.expand | gate [D, F]   h.i.mlp.c_fc | -              mlp.up_proj | gate_proj
+    mlp.project [F, D]         h.i.mlp.c_proj                mlp.down_proj
+    ln_final                   transformer.ln_f              model.norm
+    head [D, V] (untied)       lm_head [V, D]                lm_head [V, D]
 
-Every kernel's bias maps to the same name with `.bias`. Our params here are the unrolled
+Our kernel / embedding / scale leaves become `<name>.weight`, biases `<name>.bias`. Our params here are the unrolled
 layout (block_0, block_1, ...); model.stack_layers / unstack_layers convert.
 """
 
@@ -43,8 +42,10 @@ def _np(tree):
 
 def _to_gpt2(mc, p):
     D = mc.d_model
-    out = {"transformer.wte.weight": p["embed"]["embedding"], "transformer.wpe.weight": p["pos_embed"],
-           "transformer.ln_f.weight": p["ln_final"]["scale"], "transformer.ln_f.bias": p["ln_final"]["bias"]}
+    out = {"transformer.wte.weight": p["embed"]["embedding"],
+           "transformer.wpe.weight": p["pos_embed"],
+           "transformer.ln_f.weight": p["ln_final"]["scale"],
+           "transformer.ln_f.bias": p["ln_final"]["bias"]}
     for i in range(mc.n_layers):
         b, h = p[f"block_{i}"], f"transformer.h.{i}."
         a, m = b["attn"], b["mlp"]
@@ -116,7 +117,8 @@ def from_hf(mc: ModelConfig, tensors: dict, where: str):
     """Our unrolled parameter tree (NumPy float32) from HF tensors. A tied HF checkpoint
     gives an untied model its head from the embedding; the reverse is refused."""
     t = _Reader(tensors, where)
-    p = _from_gpt2(mc, t) if family(mc, "import") == "gpt2" else _from_llama(mc, t)
+    kind = family(mc, "cannot load Hugging Face weights into it")
+    p = _from_gpt2(mc, t) if kind == "gpt2" else _from_llama(mc, t)
     V, D = mc.vocab_size, mc.d_model
     if not mc.tie_embeddings:
         name = "lm_head.weight" if t.has("lm_head.weight") else next(
@@ -133,7 +135,8 @@ def _from_gpt2(mc, t):
     V, D, F, H, K = mc.vocab_size, mc.d_model, mc.d_ff, mc.n_heads, mc.head_dim
     p = {"embed": {"embedding": t("transformer.wte.weight", V, D)},
          "pos_embed": t("transformer.wpe.weight", mc.max_seq_len, D),
-         "ln_final": {"scale": t("transformer.ln_f.weight", D), "bias": t("transformer.ln_f.bias", D)}}
+         "ln_final": {"scale": t("transformer.ln_f.weight", D),
+                      "bias": t("transformer.ln_f.bias", D)}}
     for i in range(mc.n_layers):
         h = f"transformer.h.{i}."
         w, bias = t(h + "attn.c_attn.weight", D, 3 * D), t(h + "attn.c_attn.bias", 3 * D)
@@ -163,7 +166,8 @@ def _from_llama(mc, t):
         attn = {}
         for ours, theirs in _LLAMA_ATTN:
             n = heads[ours]
-            attn[ours] = {"kernel": t(h + f"self_attn.{theirs}.weight", n * K, D).T.reshape(D, n, K),
+            kernel = t(h + f"self_attn.{theirs}.weight", n * K, D)
+            attn[ours] = {"kernel": kernel.T.reshape(D, n, K),
                           "bias": t(h + f"self_attn.{theirs}.bias", n * K,
                                     zeros_if_missing=True).reshape(n, K)}
         attn["out"] = {"kernel": t(h + "self_attn.o_proj.weight", D, mc.n_heads * K).T.reshape(
