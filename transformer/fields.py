@@ -82,6 +82,16 @@ def _mesh_rule(v):
                                      f"of {', '.join(MESH_AXES)}, or '' for not split")
 
 
+def _weights(path):
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    ok = not path or (p / "model.safetensors").is_file() or (p.is_file() and
+                                                            p.suffix == ".safetensors")
+    return None if ok else ("must be a folder holding model.safetensors, or a .safetensors "
+                            "file ('' starts from random weights)")
+
+
 def _f(name, default, doc, resume, choices=(), check=None):
     return Field(name, default, doc, resume, tuple(choices), check)
 
@@ -152,6 +162,8 @@ _TRAIN = [
     _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
     _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
     _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),
+    _f("train.init_from", "", "a Hugging Face GPT-2 folder or .safetensors file to start from "
+       "instead of random weights (docs/huggingface.md)", CHANGE, check=_weights),
 ]
 
 # The device mesh: data x fsdp x tensor must equal the device count (sharding.py). A

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from transformer import (checkpoint, config as config_lib, data, faults, flops, matmul_auto,
-                         resume, sharding, signals, sizes)
+from transformer import (checkpoint, config as config_lib, data, faults, flops, hf_import,
+                         matmul_auto, resume, sharding, signals, sizes)
 from transformer.config import ConfigError, ModelConfig
 from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
@@ -239,14 +239,17 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     Everything that can be checked without writing is checked first (config, corpus,
     checkpoint compatibility, resume.check on a changed config); then the workdir is written.
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
-    config, matmul = matmul_auto.resolve(config_lib.validate(config))
+    # This run's own copy: the caller's config is never changed (hf_import.prepare below
+    # still fills model.vocab_size=0 in place, on this copy).
+    config, matmul = matmul_auto.resolve(config_lib.replace(config_lib.validate(config)))
     main_process = jax.process_index() == 0
     if not main_process:
         log, progress = (lambda _: None), False
     workdir = Path(workdir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     found, damaged = find_checkpoint(workdir, config, mesh)
-    saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
+    saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
+                       else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     config = resolve(config, tokenizer)
     if found:
@@ -263,7 +266,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     t = config.train
     metrics_log = MetricsLog(workdir, enabled=main_process)
     if found is None:
-        state, skipped = trainer.init(t.seed), 0
+        state, skipped = hf_import.fresh_state(trainer, t.seed), 0  # random, or train.init_from
     else:
         state = TrainState(found.train["step"], found.params, found.train["opt_state"])
         if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
