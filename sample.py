@@ -11,7 +11,7 @@
 import jax
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib, generate, hf_import
+from transformer import checkpoint, cli, config as config_lib, generate, hf_import, matmul_auto
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import init_params
@@ -47,7 +47,9 @@ def main(argv):
         # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
         found = ckpts.restore_good(_abstract_params, step=_STEP.value)
         step, meta, params = found.step, found.meta, found.params
-        model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+        # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
+        config, _ = matmul_auto.resolve(config_lib.from_dict(meta["config"]))
+        model_config = ModelConfig.from_config(config)
         tokenizer = tokenizers.from_json(meta["tokenizer"])
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")

@@ -68,6 +68,7 @@ def main(argv):
     mesh = sharding.make_mesh(config.mesh)
     state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
                                       allow_change=_ALLOW_CHANGE.value)
+    config = training.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:
         [text] = generate.sample_text(

@@ -39,7 +39,8 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, config as config_lib, data, decode, fastdense, flops, metrics, training
+from transformer import (cli, config as config_lib, data, decode, fastdense, flops, matmul_auto,
+                         metrics, training)
 from transformer.config import ModelConfig
 
 _HERE = Path(__file__).resolve().parent.parent
@@ -212,11 +213,11 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
         new_tokens=256, f32_matmul="fast_f32", modes=("f32", "bf16"), log=lambda s: None) -> dict:
     """Runs every measurement; returns the figures as a JSON-able dict."""
     counter = CompileCounter()
-    config = config_lib.validate(config)
     total_steps = 1 + warmup + rounds * steps
-    config.train.steps = total_steps  # the schedule every mode (and the peer's lr) follows
+    # the schedule every mode (and the peer's lr) follows
+    config = config_lib.validate(config_lib.replace(config, **{"train.steps": total_steps}))
     tokenizer, source = data.load(config)
-    training.resolve(config, tokenizer)
+    config = training.resolve(config, tokenizer)
     t = config.train
     batches = [jax.device_put(source.batch(t.seed, "train", i, t.batch_size))
                for i in range(total_steps)]  # made up front: data loading is not timed
@@ -224,7 +225,8 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     T, B = model_config.max_seq_len, t.batch_size
     tokens_per_step = B * T
     out = {"config": config_lib.to_dict(config), "machine": _machine(), "rounds": rounds,
-           "steps_per_round": steps}
+           "steps_per_round": steps, "matmul_auto": dataclasses.asdict(matmul_auto.choose())}
+    log(f"model.matmul=auto picks {out['matmul_auto']['mode']}: {out['matmul_auto']['reason']}")
 
     log("measuring the matmul peak")
     peak_f32, source_f32 = metrics.peak_flops("float32")
@@ -348,7 +350,7 @@ def _machine() -> dict:
     info = {"platform": device.platform, "device_kind": device.device_kind,
             "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__,
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "isa": _isa()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -365,6 +367,14 @@ def _machine() -> dict:
     return info
 
 
+def _isa() -> str:
+    """The bf16 matmul features this CPU has, and XLA's ISA cap, as matmul_auto sees them."""
+    cpuinfo = matmul_auto.cpu_flags(matmul_auto._read_cpuinfo())
+    bf16 = [flag for flag, _ in matmul_auto.BF16_FLAGS if flag in cpuinfo] or ["no bf16 flags"]
+    cap = matmul_auto.max_isa(os.environ.get("XLA_FLAGS")) or "none"
+    return f"{', '.join(bf16)}; xla_cpu_max_isa cap: {cap}"
+
+
 def format_table(r: dict) -> str:
     """The figures as a small text table with ratios (ours / peer)."""
     m, mc = r["machine"], r["config"]["model"]
@@ -375,6 +385,9 @@ def format_table(r: dict) -> str:
              f"vocab {mc['vocab_size']}; decode context {r['decode_context']}",
              f"peak matmul: {r['peak_flops_f32'] / 1e9:.0f} GFLOP/s f32, "
              f"{r['peak_flops_bf16'] / 1e9:.0f} bf16-in/f32-acc ({r['peak_source']})",
+             f"isa: {m.get('isa', '-')}; model.matmul=auto picks "
+             f"{r.get('matmul_auto', {}).get('mode', '-')} "
+             f"({r.get('matmul_auto', {}).get('reason', '')})",
              "", f"{'':38}{'ours':>10}{'peer':>10}{'ratio':>8}"]
 
     def row(label, key, peer_key=None, fmt="{:,.0f}"):

@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer import attention
+from transformer.fields import MATMUL_MODES  # noqa: F401  (declared with model.matmul)
 
-MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 _COMPUTE_DTYPE = {"fast_f32": "float32", "fast_bf16": "bfloat16"}
 
 
