@@ -23,9 +23,9 @@ class TextStream:
     """Token ids in, text out, piece by piece: the concatenated pieces equal
     `tokenizer.decode(all ids)`. Works with any tokenizer that has `decode(ids)`: it decodes
     only the ids not yet shown, and holds them while their text ends in a replacement
-    character (an unfinished UTF-8 sequence); `finish` gives whatever is left."""
-
-    MAX_HELD = 8  # a real invalid sequence is shown after this many tokens, not held forever
+    character (an unfinished UTF-8 sequence, or an invalid one that the next byte may
+    still turn out to end); text that ends in a whole character cannot change with later
+    tokens. `finish` gives whatever is left."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.held = tokenizer, []
@@ -33,7 +33,7 @@ class TextStream:
     def push(self, token_id: int) -> str:
         self.held.append(int(token_id))
         text = self.tokenizer.decode(self.held)
-        if text.endswith(REPLACEMENT) and len(self.held) < self.MAX_HELD:
+        if text.endswith(REPLACEMENT):
             return ""
         self.held = []
         return text
