@@ -191,10 +191,16 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
         token_B = sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
         token_B = jnp.where(state.done_B, PAD_ID, token_B)
         done_B = state.done_B | (token_B == eos_id)
-        if stream:
-            jax.debug.callback(_deliver, stream_id, state.i, token_B, done_B, ordered=True)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
-        return state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
+        state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
+        if stream:  # a chunk to the host every STREAM_EVERY tokens
+            jax.lax.cond(state.i % STREAM_EVERY == 0, lambda s: send(s), lambda s: None, state)
+        return state
+
+    def send(state):
+        first = jnp.clip(state.i - STREAM_EVERY, 0, budget - STREAM_EVERY)
+        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
+        jax.debug.callback(_deliver, stream_id, first, state.i, chunk_BK, ordered=True)
 
     def step(state):
         """Writes the last token into the cache and samples the next one."""
@@ -246,23 +252,44 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
             state = reprefill(state)
             return jax.lax.while_loop(lambda s: running(s) & (s.index < S), step, state)
         state = jax.lax.while_loop(running, cycle, state)
+    if stream:
+        send(state)  # the last, partial chunk
     return state.out_BN, state.cache
 
 
 _program = jax.jit(_generate_tokens, static_argnames=("config", "budget", "stream"),
                    donate_argnames=("cache",))
 
-# Streaming: the compiled program calls `_deliver` with its stream id; `generate` registers
-# the caller's function under a fresh id for the length of one call. The id is a traced
-# argument, so every streaming call shares one compiled program.
+# Streaming: the compiled program calls `_deliver` with its stream id and the last
+# STREAM_EVERY tokens, every STREAM_EVERY tokens (a host call per token cost about as much
+# as the decode step itself on a busy CPU); `generate` registers the caller's function under
+# a fresh id for the length of one call. The id is a traced argument, so every streaming
+# call shares one compiled program.
+STREAM_EVERY = 16
 _SINKS: dict[int, object] = {}
 _SINK_IDS = itertools.count(1)
 
 
-def _deliver(stream_id, i, token_B, done_B):
+def _deliver(stream_id, first, made, tokens_BK):
+    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet."""
     sink = _SINKS.get(int(stream_id))
     if sink is not None:
-        sink(int(i), np.asarray(token_B), np.asarray(done_B))
+        sink(int(first), int(made), np.asarray(tokens_BK))
+
+
+class _Stream:
+    """Turns chunks (which may overlap) into one on_tokens(i, tokens_B, done_B) call per step."""
+
+    def __init__(self, on_tokens, batch: int, eos_id: int):
+        self.on_tokens, self.eos_id = on_tokens, eos_id
+        self.next, self.done_B = 0, np.zeros(batch, bool)
+
+    def __call__(self, first, made, tokens_BK):
+        for i in range(max(first, self.next), made):
+            token_B = tokens_BK[:, i - first]
+            self.done_B = self.done_B | (token_B == self.eos_id)
+            self.on_tokens(i, token_B, self.done_B.copy())
+        self.next = max(self.next, made)
 
 
 def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
@@ -328,8 +355,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
 
     Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
     `on_tokens(i, tokens_B, done_B)`, if given, is called on the host with every step's
-    tokens as they are sampled (numpy arrays; done_B: the row has ended, this token is its
-    end token or padding). With `mesh` and `rules` (sharding.py) it decodes on that mesh;
+    tokens, in order, in chunks of STREAM_EVERY steps as they are sampled (numpy arrays;
+    done_B: the row has ended, this token is its end token or padding). With `mesh` and `rules` (sharding.py) it decodes on that mesh;
     every process of a multi-host run must call it with the same prompts, and every one
     gets the tokens. Raises GenerationError (PromptError for a prompt) for bad arguments.
     """
@@ -349,7 +376,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
                                    put(start_B), put(key_data), *map(put, knobs))
     else:
         stream_id = next(_SINK_IDS) if on_tokens is not None else 0
-        _SINKS[stream_id] = on_tokens
+        if on_tokens is not None:
+            _SINKS[stream_id] = _Stream(on_tokens, len(prompts), eos_id)
         try:
             tokens_BN, _ = _program(params, new_cache(config=config, batch=len(prompts)),
                                     prompt_BP, start_B, key, *knobs, np.int32(stream_id),
