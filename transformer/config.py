@@ -191,9 +191,8 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens, max_seq_len, prefi
         _fail(f"{prefix}top_k", top_k, "must be >= 0 (0 disables top-k)")
     if not 0.0 < top_p <= 1.0:
         _fail(f"{prefix}top_p", top_p, "must be in (0, 1] (1 disables top-p)")
-    if not 0 < max_new_tokens < max_seq_len:
-        _fail(f"{prefix}max_new_tokens", max_new_tokens,
-              f"must be in [1, {max_seq_len - 1}] (the context is {max_seq_len} tokens)")
+    if max_new_tokens < 1:  # any length: generation goes on past the context (decode.py)
+        _fail(f"{prefix}max_new_tokens", max_new_tokens, "must be >= 1")
 
 
 def to_dict(config: ml_collections.ConfigDict) -> dict:
