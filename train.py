@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 import jax
 
-from transformer import cli, config as config_lib, generate, sharding, training
+from transformer import cli, config as config_lib, faults, generate, run, sharding, training
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -66,8 +66,9 @@ def main(argv):
     config = config_lib.validate(cli.config_value(_CONFIG))
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
-    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
-                                      allow_change=_ALLOW_CHANGE.value)
+    state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
+                                 allow_change=_ALLOW_CHANGE.value,
+                                 hooks=faults.TestHooks.from_env())  # tests' kill hooks
     s = config.sample
     try:
         [text] = generate.sample_text(

@@ -88,11 +88,11 @@ def final_state(workdir):
     """(step, leaves of params and optimizer state as numpy) of the newest checkpoint."""
     import jax
 
-    from transformer import checkpoint, config as config_lib, training
+    from transformer import checkpoint, config as config_lib, start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(
-        lambda meta: training.abstract_checkpoint(config_lib.from_dict(meta["config"])))
+        lambda meta: start.abstract_checkpoint(config_lib.from_dict(meta["config"])))
     return found.step, [np.asarray(x) for x in jax.tree.leaves((found.params, found.train))]
 
 
