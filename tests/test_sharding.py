@@ -66,6 +66,19 @@ def test_sizes_the_mesh_cannot_split_fail_at_start_up(field, value, shape, messa
         sharding.check_fits(config, _abstract_mesh(shape))
 
 
+def test_swiglu_checks_the_hidden_width_it_splits_not_d_ff():
+    """SwiGLU's MLP is 2/3 of d_ff wide: d_ff=256 divides by 16, its 168 columns do not."""
+    config = base_config()
+    config.model.update(d_model=64, n_heads=16, d_ff=256, vocab_size=256, mlp="swiglu",
+                        matmul="plain")
+    config.train.batch_size = 16
+    with pytest.raises(ConfigError, match=r"model.d_ff=256 \(SwiGLU's hidden width .*168\) "
+                                          r"is not divisible by 16 \(mesh.tensor=16"):
+        sharding.check_fits(config, _abstract_mesh((1, 1, 16)))
+    config.model.mlp = "gelu"  # the same d_ff splits evenly when it is the width
+    sharding.check_fits(config, _abstract_mesh((1, 1, 16)))
+
+
 def test_rules_table_validated_and_batch_claims_its_axes_first():
     config = base_config()
     config.mesh.rules.mlp = "tensor,model"
