@@ -5,10 +5,12 @@
     python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
 
 Any config field can be overridden with --config.<section>.<field>=value. Running the same
-command again on a workdir that holds a checkpoint resumes from it, exactly (on any mesh); a
-changed config is refused unless its fields are named, e.g. --allow_change=train.steps
-(docs/README-resume.md). Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
-stops; Ctrl-C twice quits at once.
+command again on a workdir that holds a checkpoint resumes from it: bit for bit on the same
+mesh; on another mesh the checkpoint restores exactly and training continues correctly, though
+not bitwise. A changed config is refused unless its fields are named, e.g.
+--allow_change=train.steps. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
+stops (on several processes a signal to one stops all at the same step); Ctrl-C twice quits
+at once. A second run on a workdir in use is refused.
 
 Several devices and hosts (docs: "Scaling out"):
     python train.py --config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.tensor=2
