@@ -65,6 +65,7 @@ def find_checkpoint(workdir, config, mesh=None):
 
 
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
+    WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
     saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write

@@ -6,7 +6,8 @@ checkpoint write and keeps the file open until it ends. The kernel drops such a 
 its holder exits, however it exits (SIGKILL, a crash, a lost machine's process table), so a
 lock is never stale: the file left behind only says who held it last.
 
-    with WorkdirLock(workdir):      # raises WorkdirError naming the holder if another run has it
+    WorkdirLock(workdir).check_free()   # early, writes nothing: refuses a workdir in use
+    with WorkdirLock(workdir):          # raises WorkdirError naming the holder if another has it
         ... train ...
 
 On several processes only process 0 takes it (the processes share the workdir, and would
@@ -35,21 +36,28 @@ class WorkdirLock:
         self._file = None
 
     def __enter__(self) -> "WorkdirLock":
-        holder = self._take() if jax.process_index() == 0 else ""
-        refused = processes.max_over_processes(int(bool(holder)))
-        if refused:
+        self._agree(self._take(keep=True) if jax.process_index() == 0 else "")
+        return self
+
+    def check_free(self) -> None:
+        """Refuses at once a workdir another run holds, without writing (the lock is taken,
+        and dropped, only if its file exists)."""
+        exists = (self.workdir / NAME).is_file()
+        self._agree(self._take(keep=False) if exists and jax.process_index() == 0 else "")
+
+    def _agree(self, holder: str) -> None:
+        if processes.max_over_processes(int(bool(holder))):
             self.release()
             raise WorkdirError(f"--workdir={self.workdir}: another training run is using it "
                                f"({holder or 'see process 0'}); wait for it to end, stop it, "
                                "or give another --workdir")
-        return self
 
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def _take(self) -> str:
-        """Takes the lock; returns '' on success, else who holds it."""
-        f = open(self.workdir / NAME, "a+")
+    def _take(self, keep: bool) -> str:
+        """Takes the lock (and keeps it if `keep`); returns '' on success, else who holds it."""
+        f = open(self.workdir / NAME, "a+" if keep else "r")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -57,6 +65,9 @@ class WorkdirLock:
             holder = f.read().strip() or "a process that has not written its name yet"
             f.close()
             return holder
+        if not keep:
+            f.close()
+            return ""
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
