@@ -1,9 +1,12 @@
 """Several processes agree: a signal that reaches one process of a multi-host run stops every
-process at the same step, with one checkpoint of that step that restores.
+process at the same step, with one checkpoint of that step that restores; and processes that
+see a workdir differently still resume from the same checkpoint.
 
-Two `train.py` processes of 2 CPU devices each, joined through jax.distributed on localhost
-(as tests/test_sharding.py does); the SIGTERM goes to process 1 only.
+Two processes of 2 CPU devices each, joined through jax.distributed on localhost (as
+tests/test_sharding.py does).
 """
+
+import json
 
 import os
 import signal
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import jax
 
-from transformer import checkpoint, config as config_lib, start
+from transformer import checkpoint, config as config_lib, run, start
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,3 +73,29 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
     ckpts.close()
     assert ckpts.all_steps() == [steps[0]] and found.step == steps[0]
     assert int(found.train["step"]) == steps[0] and jax.tree.leaves(found.params)
+
+
+def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(tmp_path):
+    config = config_lib.base_config()
+    config.model.update(vocab_size=64, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                        max_seq_len=16, matmul="plain")
+    config.data.corpus = "copy"
+    config.train.update(steps=4, batch_size=4, ckpt_every=2, eval_every=1000, eval_batches=1)
+    config.sample.max_new_tokens = 4
+    run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
+
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "tests/multihost_resume_check.py", str(tmp_path),
+                               str(port), str(i)], cwd=ROOT, env=_env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+    found = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert found[0] == found[1] == {"step": 2, "damaged": [4]}, found

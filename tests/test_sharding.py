@@ -125,7 +125,8 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
 def test_sharded_meshes_match_one_device(tmp_path):
     """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
     greedy tokens as one device; parameters split as the rules say; a (2,2,2) checkpoint
-    restores exactly onto one device and onto (1,2,4)."""
+    restores exactly onto one device and onto (1,2,4); the decode program never moves the KV
+    cache between devices (batches of 1, 4 and 8 rows)."""
     out = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out)], cwd=ROOT,
                             env=_env(8), capture_output=True, text=True, timeout=600)
@@ -139,6 +140,10 @@ def test_sharded_meshes_match_one_device(tmp_path):
         assert r.get("decode_same", True), shape
     assert sum("decode_same" in r for r in report["meshes"].values()) >= 2
     assert report["decode_one_same"]
+    # The KV cache lives where decoding reads and writes it: no step moves it between devices.
+    assert len(report["cache_moves"]) == 6
+    for case, moves in report["cache_moves"].items():
+        assert moves == [], (case, moves)
     for target, r in report["restore"].items():
         assert r["identical"] and r["placed"] and r["step"] == 3, target
 

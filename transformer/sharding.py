@@ -211,10 +211,7 @@ def cache_shardings(model_config: ModelConfig, mesh: Mesh, rules) -> list[dict]:
     """One sharding per KV-cache array. The arrays are [B·G, S, K] (kvcache.py): the merged
     axis is split over the mesh axes of both `cache_batch` and `cache_heads` (batch-major,
     as the rows are laid out), the rest as their logical names say."""
-    batch, heads, *rest = nn.logical_to_mesh_axes(kvcache.AXES, rules)
-    merged = tuple(a for axes in (batch, heads) if axes is not None
-                   for a in ((axes,) if isinstance(axes, str) else axes))
-    sharding = NamedSharding(mesh, P(merged or None, *rest))
+    sharding = NamedSharding(mesh, kvcache.row_spec(rules))
     return [{"k": sharding, "v": sharding} for _ in range(model_config.n_layers)]
 
 
