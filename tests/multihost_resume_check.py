@@ -21,7 +21,7 @@ def main(workdir, port, process_id):
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     newest, saved = ckpts.all_steps()[-1], ckpts.read_meta()["config"]
     ckpts.close()
-    config = config_lib.from_dict({**saved, "mesh": {**saved["mesh"], "data": 1, "fsdp": 2}})
+    config = config_lib.from_dict({**saved, "mesh": {**saved["mesh"], "data": -1, "fsdp": 2}})
     if process_id == 1:
         real = checkpoint.Checkpoints._restore_checked
 

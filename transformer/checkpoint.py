@@ -135,9 +135,16 @@ class Checkpoints:
         if read_only and not path.is_dir():
             raise CheckpointError(f"{workdir}: no checkpoints folder; train a model there first "
                                   f"(python train.py --workdir={workdir})")
+        # A reader on several processes reads alone: orbax ends every restore with a barrier
+        # across processes, which a process whose read failed never reaches, so the others
+        # would wait forever. Readers agree through restore_good's verdicts instead.
+        alone = ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()}) \
+            if read_only and processes.several() else ocp.options.MultiprocessingOptions()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, read_only=read_only,
-            cleanup_tmp_directories=not read_only)  # a killed save leaves a tmp folder behind
+            cleanup_tmp_directories=not read_only,  # a killed save leaves a tmp folder behind
+            multiprocessing_options=alone)
         self._manager = ocp.CheckpointManager(path, options=options,
                                               item_names=("params", "train", "meta"))
         self.read_only = read_only
