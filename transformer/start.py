@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from transformer import checkpoint, config as config_lib, data, processes, resume
+from transformer import checkpoint, config as config_lib, data, hf_import, processes, resume
 from transformer.config import ConfigError
 from transformer.training import Trainer, TrainState, resolve
 from transformer.workdir import WorkdirLock
@@ -67,7 +67,8 @@ def find_checkpoint(workdir, config, mesh=None):
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
-    saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
+    saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
+                       else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
     if found:
@@ -104,8 +105,8 @@ def _check_unchanged(plan: Plan) -> None:
 def initial_state(trainer: Trainer, plan: Plan) -> tuple[TrainState, int]:
     """(state, steps skipped so far): the checkpoint's, or a fresh state (the one place one is
     created)."""
-    if plan.found is None:
-        return trainer.init(plan.config.train.seed), 0
+    if plan.found is None:  # random, or train.init_from
+        return hf_import.fresh_state(trainer, plan.config.train.seed), 0
     found = plan.found
     state = TrainState(found.train["step"], found.params, found.train["opt_state"])
     if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
