@@ -5,10 +5,12 @@
     python train.py --config=configs/char_small.py --config.data.corpus=path/to/text.txt
 
 Any config field can be overridden with --config.<section>.<field>=value. Running the same
-command again on a workdir that holds a checkpoint resumes from it, exactly (on any mesh); a
-changed config is refused unless its fields are named, e.g. --allow_change=train.steps
-(docs/README-resume.md). Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
-stops; Ctrl-C twice quits at once.
+command again on a workdir that holds a checkpoint resumes from it: bit for bit on the same
+mesh; on another mesh the checkpoint restores exactly and training continues correctly, though
+not bitwise. A changed config is refused unless its fields are named, e.g.
+--allow_change=train.steps. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
+stops (on several processes a signal to one stops all at the same step); Ctrl-C twice quits
+at once. A second run on a workdir in use is refused.
 
 Several devices and hosts (docs: "Scaling out"):
     python train.py --config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.tensor=2
@@ -24,7 +26,7 @@ from ml_collections import config_flags
 
 import jax
 
-from transformer import cli, config as config_lib, sharding, textgen, training
+from transformer import cli, config as config_lib, faults, run, sharding, textgen, training
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -66,8 +68,9 @@ def main(argv):
     config = config_lib.validate(cli.config_value(_CONFIG))
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
-    state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
-                                      allow_change=_ALLOW_CHANGE.value)
+    state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
+                                 allow_change=_ALLOW_CHANGE.value,
+                                 hooks=faults.TestHooks.from_env())  # tests' kill hooks
     config = training.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:

@@ -10,6 +10,7 @@ restores exactly onto one device and onto (1, 2, 4).
 """
 
 import json
+import re
 import sys
 import tempfile
 import time
@@ -82,6 +83,24 @@ def greedy(trainer, params, prompts, mesh=None):
                            temperature=0.0, mesh=mesh, rules=trainer.rules if mesh else None)
 
 
+def cache_moves(trainer, params, batch):
+    """Collectives that move attention's data (the KV cache and the K/V written into it)
+    between devices in the compiled decode program for `batch` rows: none when the cache
+    lives where each step reads and writes it. (All-gathers are left out: under fsdp the
+    attention weights are gathered before use, as designed.)"""
+    generate_fn, cache_fn, param_sh = decode.sharded_program(
+        trainer.model_config, 6, trainer.mesh, tuple(trainer.rules), batch)
+    put = lambda x: sharding.put_replicated(x, trainer.mesh)  # noqa: E731
+    key = np.asarray(jax.random.key_data(jax.random.key(0)))
+    args = (jax.device_put(params, param_sh), cache_fn(), put(np.zeros((batch, 16), np.int32)),
+            put(np.zeros(batch, np.int32)), put(key), put(np.float32(0)), put(np.int32(0)),
+            put(np.float32(1)), put(np.int32(-1)))
+    hlo = generate_fn.lower(*args).compile().as_text()
+    return [line.strip()[:200] for line in hlo.splitlines()
+            if re.search(r"(all-to-all|collective-permute)(-start)?\(", line)
+            and re.search(r'op_name="[^"]*/attn/', line)]
+
+
 def main(out_path):
     devices = jax.devices()
     assert len(devices) == 8, f"needs 8 devices, has {len(devices)}"
@@ -106,6 +125,10 @@ def main(out_path):
     # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
     trainer, state = kept[(2, 2, 2)]
     report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one
+    # Batches whose shards hold one row, several rows, or (batch 1) the whole batch.
+    report["cache_moves"] = {
+        f"{shape} batch {b}": cache_moves(kept[shape][0], kept[shape][1].params, b)
+        for shape in DECODE_SHAPES for b in (1, 4, 8)}
 
     # A checkpoint written on (2, 2, 2) restores onto one device and onto (1, 2, 4).
     writer, state = kept[(2, 2, 2)]

@@ -17,7 +17,7 @@ import transformers
 
 from conftest import run_cli
 from transformer import (checkpoint, config as config_lib, decode, export, hf, hf_import,
-                         hf_weights, training)
+                         hf_weights, run, training)
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import GPT, init_params, unstack_layers
@@ -207,7 +207,7 @@ def test_init_from_starts_training_from_the_hf_weights(tmp_path):
     x = tokens(mc, T=64)
     params = unstack_layers(state.params, mc.n_layers)
     np.testing.assert_allclose(our_logits(mc, params, x), hf_logits(model, x), atol=TOL, rtol=0)
-    state, _ = training.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    state, _ = run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
     assert int(state.step) == 1
 
 
@@ -220,7 +220,7 @@ def test_init_from_refuses_a_mismatched_shape_writing_nothing(tmp_path):
     config.sample.max_new_tokens = 40
     config.train.init_from = str(folder)
     with pytest.raises(hf.HFError) as error:
-        training.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+        run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
     message = str(error.value)
     assert "\n" not in message and "transformer.h.0.mlp.c_fc.weight" in message
     assert "(32, 48)" in message and "(32, 64)" in message

@@ -88,11 +88,11 @@ def final_state(workdir):
     """(step, leaves of params and optimizer state as numpy) of the newest checkpoint."""
     import jax
 
-    from transformer import checkpoint, config as config_lib, training
+    from transformer import checkpoint, config as config_lib, start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(
-        lambda meta: training.abstract_checkpoint(config_lib.from_dict(meta["config"])))
+        lambda meta: start.abstract_checkpoint(config_lib.from_dict(meta["config"])))
     return found.step, [np.asarray(x) for x in jax.tree.leaves((found.params, found.train))]
 
 
@@ -240,3 +240,20 @@ def test_second_ctrl_c_quits_at_once_leaving_only_complete_checkpoints(corpus, t
     proc.wait(timeout=20)
     assert proc.returncode == -signal.SIGINT and time.monotonic() - begin < 20
     assert committed(workdir) == [] and in_flight(workdir)  # the held save never committed
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_until_the_first_ends(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    first = start(train_args(corpus, workdir), step_delay=0.05)
+    wait_for(lambda: committed(workdir), first)  # it holds the workdir by its first save
+    second = run(train_args(corpus, workdir))
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr
+    assert "another training run is using it" in lines[0] and f"pid {first.pid}" in lines[0]
+    assert first.poll() is None, "the refused run must not disturb the first"
+
+    first.send_signal(signal.SIGKILL)  # the kernel drops its lock: nothing stale is left
+    first.wait()
+    third = run(train_args(corpus, workdir))
+    assert third.returncode == 0, third.stderr
+    assert "resuming from step" in third.stdout

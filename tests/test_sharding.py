@@ -66,6 +66,19 @@ def test_sizes_the_mesh_cannot_split_fail_at_start_up(field, value, shape, messa
         sharding.check_fits(config, _abstract_mesh(shape))
 
 
+def test_swiglu_checks_the_hidden_width_it_splits_not_d_ff():
+    """SwiGLU's MLP is 2/3 of d_ff wide: d_ff=256 divides by 16, its 168 columns do not."""
+    config = base_config()
+    config.model.update(d_model=64, n_heads=16, d_ff=256, vocab_size=256, mlp="swiglu",
+                        matmul="plain")
+    config.train.batch_size = 16
+    with pytest.raises(ConfigError, match=r"model.d_ff=256 \(SwiGLU's hidden width .*168\) "
+                                          r"is not divisible by 16 \(mesh.tensor=16"):
+        sharding.check_fits(config, _abstract_mesh((1, 1, 16)))
+    config.model.mlp = "gelu"  # the same d_ff splits evenly when it is the width
+    sharding.check_fits(config, _abstract_mesh((1, 1, 16)))
+
+
 def test_rules_table_validated_and_batch_claims_its_axes_first():
     config = base_config()
     config.mesh.rules.mlp = "tensor,model"
@@ -112,7 +125,8 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
 def test_sharded_meshes_match_one_device(tmp_path):
     """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
     greedy tokens as one device; parameters split as the rules say; a (2,2,2) checkpoint
-    restores exactly onto one device and onto (1,2,4)."""
+    restores exactly onto one device and onto (1,2,4); the decode program never moves the KV
+    cache between devices (batches of 1, 4 and 8 rows)."""
     out = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out)], cwd=ROOT,
                             env=_env(8), capture_output=True, text=True, timeout=600)
@@ -126,6 +140,10 @@ def test_sharded_meshes_match_one_device(tmp_path):
         assert r.get("decode_same", True), shape
     assert sum("decode_same" in r for r in report["meshes"].values()) >= 2
     assert report["decode_one_same"]
+    # The KV cache lives where decoding reads and writes it: no step moves it between devices.
+    assert len(report["cache_moves"]) == 6
+    for case, moves in report["cache_moves"].items():
+        assert moves == [], (case, moves)
     for target, r in report["restore"].items():
         assert r["identical"] and r["placed"] and r["step"] == 3, target
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention, training
+from transformer import attention, run, training
 from transformer.config import base_config
 
 VOCAB = 16
@@ -30,7 +30,7 @@ def _final_val_loss(workdir):
 
 
 def _train(config, workdir, stop_at=None):
-    return training.train(config, workdir, progress=False, log=lambda s: None, stop_at=stop_at)
+    return run.train(config, workdir, progress=False, log=lambda s: None, stop_at=stop_at)
 
 
 def test_random_tokens_cannot_be_predicted_below_ln_vocab(tmp_path):

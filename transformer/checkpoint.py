@@ -13,7 +13,10 @@ tests/test_resume.py):
   so `N` exists only once whole; leftover tmp folders are removed when a writer opens;
 - old checkpoints (beyond `keep`) are deleted only after the newer one has been renamed;
 - a latest checkpoint that cannot be read, or whose arrays do not match their fingerprint
-  (truncated or corrupted files), is reported and the previous good one is used:
+  (truncated or corrupted files), is reported and the previous good one is used; a read that
+  failed for a reason outside the files (an I/O error, memory) stops the reader instead, and
+  leaves that checkpoint alone;
+- on several processes every process restores the same step (they agree on each verdict):
 
     ckpts = Checkpoints(workdir, keep=3)
     ckpts.save(step, params, {"step": step_array, "opt_state": opt_state}, meta)
@@ -34,13 +37,45 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from transformer import processes
+
 
 class CheckpointError(ValueError):
     """No usable checkpoint where one was expected."""
 
 
+class TransientReadError(CheckpointError):
+    """A checkpoint could not be read for a reason outside its files (I/O, memory)."""
+
+
 class WorkdirError(CheckpointError):
     """A workdir that cannot be written (a file, under a file, no permission)."""
+
+
+# What one process found when it read a checkpoint; processes agree on the largest.
+OK, DAMAGED, GONE, TRANSIENT = 0, 1, 2, 3
+# Errors that say a file is missing: the checkpoint is incomplete, hence damaged.
+_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed read says nothing about the checkpoint's files: memory ran out, or the
+    operating system failed an I/O call (EIO, EACCES, ENOSPC, a lost network mount, ...).
+    Such a checkpoint may be whole; it must not be moved aside as damaged. Missing files,
+    undecodable contents, a wrong structure and a fingerprint mismatch are damage."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, MemoryError):
+            return True
+        if isinstance(error, OSError) and not isinstance(error, _MISSING):
+            return True
+        error = error.__cause__
+    return False
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
 
 
 def directory(workdir) -> Path:
@@ -88,6 +123,9 @@ def fingerprint(tree) -> list[int]:
     return [int(v) for v in jax.device_get(_leaf_fingerprints(jax.tree.leaves(tree)))]
 
 
+_LOOK_AGAIN = object()  # `_first_good`'s answer when a checkpoint vanished while read
+
+
 class Checkpoints:
     """The checkpoints of one workdir. `read_only=True` for readers such as sample.py."""
 
@@ -97,9 +135,16 @@ class Checkpoints:
         if read_only and not path.is_dir():
             raise CheckpointError(f"{workdir}: no checkpoints folder; train a model there first "
                                   f"(python train.py --workdir={workdir})")
+        # A reader on several processes reads alone: orbax ends every restore with a barrier
+        # across processes, which a process whose read failed never reaches, so the others
+        # would wait forever. Readers agree through restore_good's verdicts instead.
+        alone = ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()}) \
+            if read_only and processes.several() else ocp.options.MultiprocessingOptions()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, read_only=read_only,
-            cleanup_tmp_directories=not read_only)  # a killed save leaves a tmp folder behind
+            cleanup_tmp_directories=not read_only,  # a killed save leaves a tmp folder behind
+            multiprocessing_options=alone)
         self._manager = ocp.CheckpointManager(path, options=options,
                                               item_names=("params", "train", "meta"))
         self.read_only = read_only
@@ -136,39 +181,71 @@ class Checkpoints:
         return out["params"], out.get("train") if abstract_train is not None else None
 
     def restore_good(self, make_abstract: Callable[[dict], tuple], step=None,
-                     on_damaged: Callable[[int], None] | None = None,
-                     _retries: int = 3) -> Restored:
+                     on_damaged: Callable[[int], None] | None = None) -> Restored:
         """The newest checkpoint that reads back whole and matches its fingerprint.
 
         make_abstract(meta) -> (abstract_params, abstract_train or None). A damaged checkpoint
         is reported with a warning and the one before it is tried; `on_damaged(step)` is called
-        for each (a writer moves it aside). With `step` given, only that one is tried."""
-        steps = [step] if step is not None else self.all_steps()[::-1]
-        if step is not None and step not in self.all_steps():
-            have = ", ".join(map(str, self.all_steps())) or "none"
+        for each (a writer moves it aside). With `step` given, only that one is tried.
+
+        A read that fails for a reason outside the files (I/O error, out of memory: see
+        `is_transient`) raises TransientReadError and marks nothing damaged. On several
+        processes all of them try the same steps (process 0's list) and agree on each verdict,
+        so every process restores the same step or all raise the same error."""
+        for _ in range(4):  # a checkpoint deleted while read (by a trainer's `keep`): look again
+            steps = self._candidates(step)
+            found = self._first_good(steps, make_abstract, single=step is not None,
+                                     on_damaged=on_damaged)
+            if found is not _LOOK_AGAIN:
+                return found
+        raise CheckpointError(f"{self.workdir}: checkpoints keep disappearing while read; "
+                              "is another program deleting them?")
+
+    def _candidates(self, step) -> list[int]:
+        have = processes.from_process_0(self.all_steps())
+        if step is not None and step not in have:
             raise CheckpointError(f"step={step}: no such checkpoint in {self.workdir} "
-                                  f"(steps saved: {have})")
-        if not steps:
+                                  f"(steps saved: {', '.join(map(str, have)) or 'none'})")
+        if not have:
             raise CheckpointError(f"{self.workdir}: no checkpoint yet; train first, "
                                   "or wait for the first save")
+        return [step] if step is not None else have[::-1]
+
+    def _first_good(self, steps, make_abstract, single: bool, on_damaged):
         reasons = []
         for i, s in enumerate(steps):
+            error, found = None, None
             try:
-                return self._restore_checked(s, make_abstract)
-            except Exception as e:  # noqa: BLE001 -- any failure to read means "damaged"
-                if step is None and s not in self.all_steps() and _retries:
-                    # Deleted while we read it (a trainer keeping `keep` checkpoints):
-                    # not damaged; start again from the newest.
-                    return self.restore_good(make_abstract, None, on_damaged, _retries - 1)
-                reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-                reasons.append(f"step {s}: {reason}")
-                later = steps[i + 1] if i + 1 < len(steps) else None
-                if step is None and later is not None:
-                    warn(f"checkpoint {s} in {self.workdir} is damaged ({reason}); "
-                         f"using checkpoint {later} instead")
-                if on_damaged is not None:
-                    on_damaged(s)
+                found = self._restore_checked(s, make_abstract)
+            except Exception as e:  # noqa: BLE001 -- classified below, then agreed on
+                error = e
+            verdict = processes.max_over_processes(self._verdict(s, error, single))
+            if verdict == OK:
+                return found
+            if verdict == GONE:
+                return _LOOK_AGAIN
+            if verdict == TRANSIENT:
+                cause = _one_line(error) if error is not None else "on another process"
+                raise TransientReadError(
+                    f"{self.workdir}: could not read checkpoint {s} ({cause}); this is not "
+                    "damage in the checkpoint, which is left as it is: run again") from error
+            reason = _one_line(error) if error is not None else "damaged on another process"
+            reasons.append(f"step {s}: {reason}")
+            if not single and i + 1 < len(steps):
+                warn(f"checkpoint {s} in {self.workdir} is damaged ({reason}); "
+                     f"using checkpoint {steps[i + 1]} instead")
+            if on_damaged is not None:
+                on_damaged(s)
         raise CheckpointError(f"{self.workdir}: no readable checkpoint ({'; '.join(reasons)})")
+
+    def _verdict(self, step: int, error, single: bool) -> int:
+        if error is None:
+            return OK
+        if is_transient(error):
+            return TRANSIENT
+        if not single and step not in self.all_steps():
+            return GONE
+        return DAMAGED
 
     def _restore_checked(self, step: int, make_abstract) -> Restored:
         meta = self.read_meta(step)

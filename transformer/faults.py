@@ -10,7 +10,10 @@ were and the step reports `nonfinite=True`. `NonFiniteGuard` reads that flag one
     guard.push(done, metrics["nonfinite"])   # checks the previous step
     guard.flush()                            # checks everything pushed (before a save)
 
-Test hooks, read from environment variables so they never enter a config or a checkpoint:
+Test hooks provoke faults on purpose. They are a `TestHooks` value passed to the run, never
+part of a config or a checkpoint; tests in the same process pass one directly, and tests that
+kill a `train.py` subprocess set environment variables that train.py reads once, at start-up
+(`TestHooks.from_env`), and nothing else reads:
     TRANSFORMER_TEST_NAN_STEP=k      the batch of step k gets NaN loss weights
     TRANSFORMER_TEST_STEP_DELAY=s    sleep s seconds after every step (kills land mid-run)
     TRANSFORMER_TEST_SAVE_DELAY=s    hold every checkpoint s seconds before its final rename
@@ -19,6 +22,7 @@ Test hooks, read from environment variables so they never enter a config or a ch
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 
@@ -56,29 +60,43 @@ class NonFiniteGuard:
             "train.grad_clip, or set train.nonfinite=skip to skip such steps")
 
 
-def _env_float(name: str) -> float:
-    return float(os.environ.get(name, "0") or 0)
+@dataclasses.dataclass(frozen=True)
+class TestHooks:
+    """Faults to provoke in a run: all off by default."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    nan_step: int = 0       # the batch of this step (1-based, as logged) gets NaN weights
+    step_delay: float = 0.0  # seconds to sleep after every step
+    save_delay: float = 0.0  # seconds each save is held before its final rename
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "TestHooks":
+        def number(name, kind):
+            return kind(environ.get(f"TRANSFORMER_TEST_{name}", "0") or 0)
+        return cls(number("NAN_STEP", int), number("STEP_DELAY", float),
+                   number("SAVE_DELAY", float))
+
+    def poison(self, batch: dict, step: int) -> dict:
+        if self.nan_step and step == self.nan_step:
+            # NaN * weights keeps the array's kind and placement (numpy, or a sharded array)
+            batch = {**batch, "weights": batch["weights"] * np.float32("nan")}
+        return batch
+
+    def after_step(self) -> None:
+        if self.step_delay:
+            time.sleep(self.step_delay)
+
+    def install(self) -> None:
+        """Delays orbax's final rename of every save, so a test can kill mid-save."""
+        if self.save_delay:
+            _delay_saves(self.save_delay)
 
 
-def poison(batch: dict, step: int) -> dict:
-    """Test hook: NaN loss weights for step TRANSFORMER_TEST_NAN_STEP (1-based, as logged)."""
-    if os.environ.get("TRANSFORMER_TEST_NAN_STEP") == str(step):
-        # NaN * weights keeps the array's kind and placement (numpy, or a sharded jax array)
-        batch = {**batch, "weights": batch["weights"] * np.float32("nan")}
-    return batch
+NO_HOOKS = TestHooks()
 
 
-def step_delay() -> None:
-    delay = _env_float("TRANSFORMER_TEST_STEP_DELAY")
-    if delay:
-        time.sleep(delay)
-
-
-def install_save_delay() -> None:
-    """Test hook: delays orbax's final rename of every save, so a test can kill mid-save."""
-    delay = _env_float("TRANSFORMER_TEST_SAVE_DELAY")
-    if not delay:
-        return
+def _delay_saves(delay: float) -> None:
     from orbax.checkpoint._src.path import atomicity  # private: a test hook only
 
     cls = atomicity.AtomicRenameTemporaryPath

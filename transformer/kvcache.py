@@ -17,15 +17,23 @@ The layout is chosen for XLA-CPU, where decoding is bound by hidden copies, not 
 `read` gives the [B, G, S, K] view (a free reshape).
 
 Its dimensions are named `AXES` (of the [B, G, S, K] view) for sharding.py: on a mesh the
-merged axis is split over the batch and head mesh axes, so each device holds and reads only
-its own rows' and heads' keys and values.
+merged axis is split over the batch and head mesh axes (`row_spec`), so each device holds and
+reads only its own rows' and heads' keys and values. A split of the merged axis gives each
+device one contiguous run of it, while a device's (rows, heads) block of the view is
+contiguous in plain b·G + g order only when it holds one row or all heads. So on a mesh whose
+devices hold several rows and some of the heads, the merged axis is ordered device block by
+device block (`_to_rows` / `_from_rows`): the cache then lives exactly where the view needs
+it, and no step moves it between devices.
 """
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 AXES = ("cache_batch", "cache_heads", "cache_length", "cache_head_dim")
 
@@ -38,21 +46,65 @@ def init_cache(batch: int, n_layers: int, n_kv_heads: int, max_seq_len: int, hea
             for _ in range(n_layers)]
 
 
+def row_spec(rules=None) -> P:
+    """How the [B·G, S, K] arrays are split: the merged axis over the mesh axes of
+    `cache_batch` then `cache_heads`, the rest as their names say (rules: Flax logical-axis
+    rules; default: those in scope)."""
+    batch, heads, *rest = nn.logical_to_mesh_axes(AXES, rules)
+    merged = tuple(a for axes in (batch, heads) if axes is not None
+                   for a in ((axes,) if isinstance(axes, str) else axes))
+    return P(merged or None, *rest)
+
+
+def _blocks() -> tuple[int, int]:
+    """(batch blocks, head blocks): how many pieces the mesh in scope cuts B and G into."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1, 1
+    batch, heads, *_ = nn.logical_to_mesh_axes(AXES)
+
+    def pieces(axes):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+        return math.prod(mesh.shape[a] for a in axes)
+    return pieces(batch), pieces(heads)
+
+
+def _to_rows(x_BG, B: int, G: int):
+    """[B, G, ...] → [B·G, ...] in the cache's row order."""
+    nb, nt = _blocks()
+    if nt > 1 and B // nb > 1:  # block by block: [nb, nt, B/nb, G/nt]
+        x = x_BG.reshape(nb, B // nb, nt, G // nt, *x_BG.shape[2:])
+        x_BG = jnp.swapaxes(x, 1, 2)
+    return x_BG.reshape(B * G, *x_BG.shape[-2:])
+
+
+def _from_rows(x_N, B: int):
+    """[B·G, ...] in the cache's row order → [B, G, ...]."""
+    nb, nt = _blocks()
+    G = x_N.shape[0] // B
+    if nt > 1 and B // nb > 1:
+        x = jnp.swapaxes(x_N.reshape(nb, nt, B // nb, G // nt, *x_N.shape[1:]), 1, 2)
+        return x.reshape(B, G, *x_N.shape[1:])
+    return x_N.reshape(B, G, *x_N.shape[1:])
+
+
 def read(layer_cache: dict, batch: int):
     """(k_BGSK, v_BGSK): one layer's keys and values as [B, G, S, K] views."""
-    return tuple(x.reshape(batch, -1, *x.shape[1:]) for x in (layer_cache["k"], layer_cache["v"]))
+    return tuple(_from_rows(layer_cache[name], batch) for name in ("k", "v"))
 
 
 def write(layer_cache: dict, k_BGTK, v_BGTK, index) -> dict:
     """Writes T new keys and values at slots index .. index+T-1 (in place under jit)."""
-    B = k_BGTK.shape[0]
+    B, G = k_BGTK.shape[:2]
 
     def put(x_NSK, new_BGTK):
-        new_NTK = new_BGTK.reshape(-1, *new_BGTK.shape[2:]).astype(x_NSK.dtype)
+        new_NTK = _to_rows(new_BGTK, B, G).astype(x_NSK.dtype)
         x_NSK = jax.lax.dynamic_update_slice_in_dim(x_NSK, new_NTK, index, axis=1)
-        # Pinned so the update stays in place on each device's own piece (a no-op off a mesh).
-        x_BGSK = nn.with_logical_constraint(x_NSK.reshape(B, -1, *x_NSK.shape[1:]), AXES)
-        return x_BGSK.reshape(x_NSK.shape)
+        if not jax.sharding.get_abstract_mesh().empty:
+            # Pinned where sharding.cache_shardings puts the cache (the same `row_spec`), so
+            # the update stays in place on each device's own piece.
+            x_NSK = jax.lax.with_sharding_constraint(x_NSK, row_spec())
+        return x_NSK
 
     return {"k": put(layer_cache["k"], k_BGTK), "v": put(layer_cache["v"], v_BGTK)}
 

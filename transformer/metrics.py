@@ -23,10 +23,16 @@ class MetricsLog:
     def __init__(self, workdir, enabled: bool = True):
         self.path = Path(workdir) / "metrics.jsonl"
         self.enabled = enabled
+        self._next: dict = {}
+
+    def add_to_next(self, **values) -> None:
+        """Values carried by the next line written only (e.g. what this invocation runs)."""
+        self._next.update(values)
 
     def write(self, **values) -> None:
         if not self.enabled:
             return
+        values, self._next = {**values, **self._next}, {}
         values = {k: (float(v) if hasattr(v, "dtype") else v) for k, v in values.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(values) + "\n")

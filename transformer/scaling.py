@@ -107,7 +107,8 @@ def members(sweep) -> list[Member]:
 
 def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[str]:
     """Trains the members not yet finished (or only member `index`). Returns those trained."""
-    from transformer import training  # jax, flax, optax: not needed for --report
+    from transformer.run import train  # jax, flax, optax: not needed for --report
+    from transformer.training import resolve
     all_members = members(sweep)
     if index is not None and not 0 <= index < len(all_members):
         raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
@@ -127,9 +128,9 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
         started = time.perf_counter()
-        _, tokenizer = training.train(m.config, run_dir, log=log, progress=progress)
+        _, tokenizer = train(m.config, run_dir, log=log, progress=progress)
         wall_s = time.perf_counter() - started
-        model = ModelConfig.from_config(training.resolve(m.config, tokenizer))  # vocab 0 filled
+        model = ModelConfig.from_config(resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
         (run_dir / "result.json").write_text(json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,

@@ -100,9 +100,14 @@ def check_fits(config, mesh: Mesh) -> None:
     for logical, field in _SIZED_AXES:
         section, key = field.split(".")
         size, n = config[section][key], shards(mesh, rules, logical)
+        what = f"{field}={size}"
+        if logical == "mlp" and config.model.mlp == "swiglu":  # the width actually split
+            size = ModelConfig.from_config(config).mlp_hidden
+            what = (f"{field}={config.model.d_ff} (SwiGLU's hidden width 2/3 of it, rounded to "
+                    f"a multiple of 8: {size})")
         if size and size % n:
             axes = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in dict(rules)[logical])
-            raise ConfigError(f"{field}={size} is not divisible by {n} ({axes}, which split "
+            raise ConfigError(f"{what} is not divisible by {n} ({axes}, which split "
                               f"the '{logical}' axis): change {field} or the mesh")
     if config.train.batch_size % jax.process_count():
         raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by the "
@@ -206,10 +211,7 @@ def cache_shardings(model_config: ModelConfig, mesh: Mesh, rules) -> list[dict]:
     """One sharding per KV-cache array. The arrays are [B·G, S, K] (kvcache.py): the merged
     axis is split over the mesh axes of both `cache_batch` and `cache_heads` (batch-major,
     as the rows are laid out), the rest as their logical names say."""
-    batch, heads, *rest = nn.logical_to_mesh_axes(kvcache.AXES, rules)
-    merged = tuple(a for axes in (batch, heads) if axes is not None
-                   for a in ((axes,) if isinstance(axes, str) else axes))
-    sharding = NamedSharding(mesh, P(merged or None, *rest))
+    sharding = NamedSharding(mesh, kvcache.row_spec(rules))
     return [{"k": sharding, "v": sharding} for _ in range(model_config.n_layers)]
 
 

@@ -1,12 +1,10 @@
-"""Training: the optimizer, a jitted train step over explicit state, and the loop around it.
+"""Training: the optimizer, a jitted train step over explicit state, and evaluation.
 
     state  = TrainState(step, params, opt_state)               everything that changes
     state', metrics = train_step(state, batch)                  pure; state buffers donated
     loss   = mean over counted targets of -log softmax(logits)[target]   (float32)
 
-The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
-state and step, so a run restarted on its workdir continues where its last checkpoint stood,
-bit for bit (docs/README-resume.md; tests/test_resume.py kills runs to check it).
+The loop around the step, checkpoints and resuming live in run.py (start.py, loop.py).
 
 Everything lives on a device mesh (sharding.py): the state is created already split
 (eval_shape -> shardings -> jit(init, out_shardings)), the step is compiled with explicit
@@ -18,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
-from pathlib import Path
 from typing import Any, Callable
 
 import flax
@@ -27,13 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
-from transformer import (checkpoint, config as config_lib, data, faults, flops, hf_import,
-                         matmul_auto, resume, sharding, signals, sizes)
+from transformer import config as config_lib, data, flops, sharding, sizes
 from transformer.config import ConfigError, ModelConfig
-from transformer import metrics as metrics_lib
-from transformer.metrics import MetricsLog, Progress, Throughput
 from transformer.model import GPT, count_params, init_params
 
 
@@ -194,159 +186,3 @@ def resolve(config, tokenizer):
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
     return config
-
-
-def abstract_checkpoint(config, mesh=None):
-    """The abstract (params, train item) of a run with this config on `mesh`: shapes, dtypes
-    and shardings, what a restore reads into."""
-    abstract = Trainer.build(config, mesh).abstract_state()
-    return abstract.params, {"step": abstract.step, "opt_state": abstract.opt_state}
-
-
-def _all_processes_here(name: str) -> None:
-    """A barrier across processes (nothing on one): what each reads must not race a write."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
-
-
-def find_checkpoint(workdir, config, mesh=None):
-    """(the newest good checkpoint or None, steps found damaged); reads, never writes.
-    Restores onto `mesh` with this config's sharding rules (a run may resume on another mesh)."""
-    if not checkpoint.directory(workdir).is_dir():
-        return None, []
-    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    if not ckpts.all_steps():
-        return None, []
-    here = config_lib.to_dict(config)["mesh"]
-    damaged = []
-    found = ckpts.restore_good(
-        lambda meta: abstract_checkpoint(config_lib.from_dict({**meta["config"], "mesh": here}),
-                                         mesh),
-        on_damaged=damaged.append)
-    ckpts.close()
-    return found, damaged
-
-
-def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
-          mesh=None, stop_at: int | None = None, allow_change=()):
-    """Trains (or resumes) the run in `workdir` on `mesh` (default: from config.mesh).
-
-    Returns (state, tokenizer). On several processes every process calls this;
-    only process 0 logs and writes metrics, and orbax coordinates the checkpoint writes.
-    `stop_at` ends this invocation early at that step (with a checkpoint), as an interruption
-    would; running again continues the same schedule to `train.steps`.
-
-    Everything that can be checked without writing is checked first (config, corpus,
-    checkpoint compatibility, resume.check on a changed config); then the workdir is written.
-    Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
-    # This run's own copy: the caller's config is never changed (hf_import.prepare below
-    # still fills model.vocab_size=0 in place, on this copy).
-    config, matmul = matmul_auto.resolve(config_lib.replace(config_lib.validate(config)))
-    main_process = jax.process_index() == 0
-    if not main_process:
-        log, progress = (lambda _: None), False
-    workdir = Path(workdir)
-    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-    found, damaged = find_checkpoint(workdir, config, mesh)
-    saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
-                       else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
-    tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
-    config = resolve(config, tokenizer)
-    if found:
-        diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
-        resume.check(diffs, allow_change, workdir)
-
-    _all_processes_here("workdir read")  # no process writes before every one has read it
-    checkpoint.check_writable(workdir)  # the first write to the workdir
-    for step in damaged if main_process else ():
-        checkpoint.quarantine(workdir, step)  # so that this run can save those steps again
-    _all_processes_here("damaged checkpoints moved")
-    ckpts = checkpoint.Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    trainer = Trainer.build(config, mesh)
-    t = config.train
-    metrics_log = MetricsLog(workdir, enabled=main_process)
-    if found is None:
-        state, skipped = hf_import.fresh_state(trainer, t.seed), 0  # random, or train.init_from
-    else:
-        state = TrainState(found.train["step"], found.params, found.train["opt_state"])
-        if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
-            raise ConfigError(f"{workdir}: the allowed config change alters the optimizer "
-                              "state's layout (train.grad_clip on/off?); use a new --workdir")
-        skipped = found.meta.get("skipped_steps", 0)
-        metrics_log.truncate_after(found.step)  # steps after it are redone and logged again
-        log(f"resuming from step {found.step}")
-    log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
-    log(matmul_auto.describe(matmul))
-    log(sharding.describe(trainer.mesh))
-
-    meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json(),
-            "matmul_reason": matmul.reason}
-    start = int(state.step)
-    bar = Progress(start, t.steps, enabled=progress)
-    tokens_per_step = t.batch_size * config.model.max_seq_len
-    flops_per_token = flops.train_flops_per_token(trainer.model_config)
-    peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
-    meter, started, tokens_since_log = Throughput(), time.perf_counter(), 0
-    end = t.steps if stop_at is None else min(stop_at, t.steps)
-    guard = faults.NonFiniteGuard(t.nonfinite, skipped)
-    faults.install_save_delay()  # a test hook; nothing unless its variable is set
-    pending = None  # (step, metrics) of a logging step, read once the next step is queued
-    # This invocation's first line names its kernels (a resumed run may run other ones).
-    first_line = {"matmul": matmul.mode, "matmul_reason": matmul.reason}
-
-    def report(done, metrics):
-        nonlocal tokens_since_log
-        metrics = jax.device_get(metrics)  # the only host sync of a logging interval
-        tokens_per_s = meter.tick(tokens_since_log)
-        tokens_since_log = 0
-        loss = float(metrics["train_loss"])
-        mfu = metrics_lib.mfu(tokens_per_s, flops_per_token, peak, jax.device_count())
-        metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
-                          grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
-                          skipped_steps=guard.skipped, **first_line)
-        first_line.clear()
-        bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
-
-    try:
-        with signals.GracefulStop() as stop:
-            for step in range(start, end):
-                done = step + 1
-                batch = faults.poison(trainer.batch(source, t.seed, "train", step), done)
-                state, metrics = trainer.step_fn(state, batch)
-                if pending is not None:  # one step late: the device never waits for the host
-                    report(*pending)
-                    pending = None
-                guard.push(done, metrics["nonfinite"])
-                faults.step_delay()
-                tokens_since_log += tokens_per_step
-                if done % t.log_every == 0 or done == t.steps:
-                    pending = (done, metrics)
-                bar.update(1)
-                syncing = (done % t.eval_every == 0 or done % t.ckpt_every == 0 or done == end
-                           or stop.requested)
-                if pending is not None and syncing:
-                    report(*pending)  # about to sync anyway
-                    pending = None
-                if done % t.eval_every == 0 or done == t.steps:
-                    with meter.paused():  # evaluation time is not training throughput
-                        val_loss = evaluate(trainer, state.params, source, t.seed)
-                    metrics_log.write(step=done, tokens=done * tokens_per_step,
-                                      val_loss=val_loss)
-                    bar.write(f"step {done}: val_loss {val_loss:.4f}")
-                if done % t.ckpt_every == 0 or done == end or stop.requested:
-                    guard.flush()  # never save a state that followed an unchecked step
-                    with meter.paused():
-                        ckpts.save(done, state.params,
-                                   {"step": state.step, "opt_state": state.opt_state},
-                                   {**meta, "step": done, "skipped_steps": guard.skipped})
-                if stop.requested:
-                    ckpts.wait()
-                    raise signals.Stopped(stop.requested, done)
-            guard.flush()
-    finally:
-        bar.close()
-        ckpts.wait()  # a save in flight is committed even when the run stops with an error
-        ckpts.close()
-    if start < end:
-        log(f"trained steps {start}..{end} in {time.perf_counter() - started:.1f}s")
-    return state, tokenizer

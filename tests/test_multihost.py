@@ -1,0 +1,101 @@
+"""Several processes agree: a signal that reaches one process of a multi-host run stops every
+process at the same step, with one checkpoint of that step that restores; and processes that
+see a workdir differently still resume from the same checkpoint.
+
+Two processes of 2 CPU devices each, joined through jax.distributed on localhost (as
+tests/test_sharding.py does).
+"""
+
+import json
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+from transformer import checkpoint, config as config_lib, run, start
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=2", **extra}
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
+    workdir = tmp_path / "run"
+    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+            "--config.data.corpus=copy", "--config.train.steps=400",
+            "--config.train.log_every=1", "--config.train.eval_every=1000",
+            "--config.train.ckpt_every=1000", "--config.mesh.fsdp=2",
+            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{_free_port()}",
+            "--num_processes=2"]
+    procs = [subprocess.Popen(args + [f"--process_id={i}"], cwd=ROOT,
+                              env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (workdir / "metrics.jsonl").exists():  # written from the first steps on
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # well inside the loop
+        procs[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    statuses = [p.returncode for p in procs]
+    assert statuses == [128 + signal.SIGTERM] * 2, [err[-2000:] for _, err in outputs]
+    steps = [int(err.split("stopped by SIGTERM at step ")[1].split(";")[0]) for _, err in outputs]
+    assert steps[0] == steps[1] and 0 < steps[0] < 400, steps
+
+    one_device = config_lib.to_dict(config_lib.base_config())["mesh"]  # this process's device
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    found = ckpts.restore_good(lambda meta: start.abstract_checkpoint(
+        config_lib.from_dict({**meta["config"], "mesh": one_device})))
+    ckpts.close()
+    assert ckpts.all_steps() == [steps[0]] and found.step == steps[0]
+    assert int(found.train["step"]) == steps[0] and jax.tree.leaves(found.params)
+
+
+def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(tmp_path):
+    config = config_lib.base_config()
+    config.model.update(vocab_size=64, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                        max_seq_len=16, matmul="plain")
+    config.data.corpus = "copy"
+    config.train.update(steps=4, batch_size=4, ckpt_every=2, eval_every=1000, eval_batches=1)
+    config.sample.max_new_tokens = 4
+    run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
+
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "tests/multihost_resume_check.py", str(tmp_path),
+                               str(port), str(i)], cwd=ROOT, env=_env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+    found = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert found[0] == found[1] == {"step": 2, "damaged": [4]}, found
