@@ -25,7 +25,7 @@ POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
-ATTENTION_KERNELS = ("einsum", "jax")
+ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
 MATMUL = ("auto", "plain", "fast_f32", "fast_bf16")  # see transformer/fastdense.py
@@ -59,7 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.n_kv_heads = 0          # K/V heads: 0 = n_heads (multi-head), 1 = multi-query,
                                     # else grouped-query (must divide n_heads)
     c.model.sliding_window = 0      # 0: full causal attention; w: attend to the last w positions
-    c.model.attention_kernel = "einsum"  # einsum (reference) | jax (jax.nn.dot_product_attention)
+    c.model.attention_kernel = "einsum"  # einsum (reference) | jax (jax.nn.dot_product_attention,
+                                         # XLA's version) | cudnn (the same, cuDNN flash attention)
     c.model.matmul = "auto"         # auto | plain | fast_f32 | fast_bf16 (see fastdense.py);
                                     # auto: fast_bf16 on CPU, plain on GPU/TPU
 
@@ -236,6 +237,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         _fail("model.position", m.position,
               f"rope rotates pairs of dimensions, so the head dim d_model/n_heads="
               f"{m.d_model // m.n_heads} must be even: change model.d_model or model.n_heads")
+    if m.attention_kernel == "cudnn" and m.dtype != "bfloat16":
+        _fail("model.attention_kernel", m.attention_kernel, "cuDNN flash attention takes "
+              "bfloat16 inputs: also set model.dtype=bfloat16, or use attention_kernel=jax")
     if m.matmul not in MATMUL:
         _fail("model.matmul", m.matmul, f"must be one of {', '.join(MATMUL)}")
 

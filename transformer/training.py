@@ -184,7 +184,8 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
 
 
 def resolve(config, tokenizer) -> None:
-    """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
+    """Fills derived values (the vocabulary size from the tokenizer when it is 0) and refuses
+    what this machine cannot run."""
     if config.model.vocab_size == 0:
         config.model.vocab_size = tokenizer.vocab_size
     elif (config.model.vocab_size < tokenizer.vocab_size
@@ -192,6 +193,9 @@ def resolve(config, tokenizer) -> None:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
+    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
+                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
 
 
 def abstract_checkpoint(config, mesh=None):
