@@ -59,7 +59,7 @@ def run_tests() -> bool:
                  "repository (pip install -e .), or pass --notests")
     cmd = [sys.executable, "-m", "pytest", "-m", "device", "-q", "-p", "no:cacheprovider",
            str(tests)]
-    print("$ " + " ".join(cmd[1:]), flush=True)
+    print("$ python " + " ".join(cmd[1:]), flush=True)
     result = subprocess.run(cmd, cwd=_ROOT)
     return result.returncode == 0
 
@@ -83,7 +83,7 @@ def bench_line(r: dict) -> str:
 
 def run_bench(kind: str) -> bool:
     cmd = bench_command(kind)
-    print("$ " + " ".join(cmd[1:]), flush=True)
+    print("$ python " + " ".join(cmd[1:]), flush=True)
     result = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True)
     if result.returncode:
         print(result.stderr[-3000:], file=sys.stderr)
