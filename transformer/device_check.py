@@ -77,7 +77,7 @@ def bench_line(r: dict) -> str:
             f"{mc['n_layers']} layers d_model {mc['d_model']} context {mc['max_seq_len']} "
             f"batch {r['config']['train']['batch_size']}, bf16: "
             f"{r['train_tokens_per_s_bf16']:,.0f} tokens/s, MFU {r['mfu_bf16']:.1%} of "
-            f"{r['peak_flops_bf16'] / 1e12:.1f} TFLOP/s ({r['peak_source']}), "
+            f"{r['peak_flops_bf16'] / 1e12:.3g} TFLOP/s ({r['peak_source']}), "
             f"recompiles after warm-up: {r['recompiles_after_warmup']}")
 
 
