@@ -13,6 +13,11 @@ from transformer.model import init_params
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# On GPUs, float32 matmuls default to TF32 (10-bit mantissa): equality tests (cached decoding
+# == the full forward, sharded == one device) compare the logic, so they run at full float32.
+if jax.default_backend() == "gpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
+
 
 @pytest.fixture(scope="session")
 def tiny_config() -> ModelConfig:

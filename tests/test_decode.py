@@ -32,6 +32,7 @@ def _full_logits(config, params, seq):
     return GPT(config).apply({"params": params}, jnp.asarray([seq]))[0]
 
 
+@pytest.mark.device
 def test_prefill_and_decode_match_full_forward_at_every_position(tiny_config, tiny_params):
     """Left-padded prompts of several lengths in one batch, then teacher-forced decode steps."""
     rng = np.random.default_rng(0)
@@ -69,6 +70,7 @@ def _naive_greedy(config, params, prompt, n):
     return seq[0, len(prompt): len(prompt) + n].tolist()
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_greedy_decoding_within_the_context_equals_naive_full_recompute(tiny_config, tiny_params, scan_layers):
     config, params = tiny_config, tiny_params
@@ -106,6 +108,7 @@ def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
     assert len(pieces) <= int(np.log2(S)) + 1  # a handful of loops, not one per token
 
 
+@pytest.mark.device
 def test_sampling_knobs_seed_and_prompt_do_not_recompile(tiny_config, tiny_params):
     kwargs = dict(max_new_tokens=8)
     decode.generate(tiny_config, tiny_params, [[1, 2, 3], [4]], temperature=0.0, **kwargs)

@@ -21,6 +21,7 @@ def test_logits_shape_and_dtype(tiny_config, tiny_params):
     assert logits.dtype == jnp.float32
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("t", [0, 5, 11])
 def test_future_tokens_do_not_change_past_logits(tiny_config, tiny_params, t):
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, tiny_config.vocab_size)
@@ -84,6 +85,7 @@ def test_untied_head_adds_exactly_one_matrix(tiny_config, tiny_params):
     assert untied["head"]["kernel"].shape == (tiny_config.d_model, tiny_config.vocab_size)
 
 
+@pytest.mark.device
 def test_bfloat16_compute_keeps_float32_logits(tiny_config, tiny_params):
     bf16 = dataclasses.replace(tiny_config, dtype="bfloat16")
     tokens = jax.random.randint(jax.random.key(5), (2, 16), 0, tiny_config.vocab_size)

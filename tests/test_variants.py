@@ -232,6 +232,7 @@ def test_kernels_agree(G):
         np.testing.assert_allclose(attention.jax_attention(q, k, v, mask), ref, atol=1e-5)
 
 
+@pytest.mark.device
 def test_model_kernels_agree():
     config = dataclasses.replace(SMALL, position="rope", n_kv_heads=2, sliding_window=5)
     params = init_params(config, jax.random.key(0))

@@ -9,8 +9,10 @@ The scores and the softmax run in float32 whatever the compute dtype: a bfloat16
 over a long row loses the small weights.
 
 Two kernels compute the same thing: `dot_product_attention` (einsums written out, returns
-the weights too, so they can be looked at) and `jax_attention` (`jax.nn.dot_product_attention`,
-which runs cuDNN flash attention on a GPU and never materialises the weights there).
+the weights too, so they can be looked at) and `jax_attention` (`jax.nn.dot_product_attention`).
+The latter lets XLA build the attention (`implementation=None`, which in jax 0.10 is XLA's
+own version on every backend) unless `implementation="cudnn"` asks for cuDNN's fused flash
+attention, which needs an NVIDIA GPU and bfloat16/float16 inputs.
 """
 
 from __future__ import annotations
@@ -107,14 +109,16 @@ def causal_attention(q_BHTK, k_BGTK, v_BGTK, mask_BHTT):
     return jnp.concatenate(outs, axis=2), jnp.concatenate(weights, axis=2)
 
 
-def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
+def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
     """The same as `dot_product_attention` through `jax.nn.dot_product_attention` (which
-    handles G < H itself). Returns out_BHTK only: the weights are never formed on GPU."""
+    handles G < H itself). Returns out_BHTK only. `implementation`: None lets XLA choose,
+    "cudnn" demands cuDNN flash attention (an error where it cannot run)."""
     # jax.nn.dot_product_attention takes [batch, length, heads, head_dim].
     q_BTHK, k_BSGK, v_BSGK = (x.transpose(0, 2, 1, 3) for x in (q_BHTK, k_BGSK, v_BGSK))
     mask_BHTS = jnp.broadcast_to(mask_BHTS, (q_BHTK.shape[0], q_BHTK.shape[1],
                                              q_BHTK.shape[2], k_BGSK.shape[2]))
-    out_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSGK, v_BSGK, mask=mask_BHTS)
+    out_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BSGK, v_BSGK, mask=mask_BHTS,
+                                            implementation=implementation)
     return out_BTHK.transpose(0, 2, 1, 3)
 
 

@@ -164,6 +164,9 @@ def _check_model(m) -> None:
         _fail("model.position", m.position,
               f"rope rotates pairs of dimensions, so the head dim d_model/n_heads="
               f"{m.d_model // m.n_heads} must be even: change model.d_model or model.n_heads")
+    if m.attention_kernel == "cudnn" and m.dtype != "bfloat16":
+        _fail("model.attention_kernel", m.attention_kernel, "cuDNN flash attention takes "
+              "bfloat16 inputs: also set model.dtype=bfloat16, or use attention_kernel=jax")
 
 
 def _check_data(d) -> None:

@@ -28,7 +28,7 @@ POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
-ATTENTION_KERNELS = ("einsum", "jax")
+ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
 # The matmul kernels a model can run; "auto" is resolved per machine (matmul_auto.py) before
@@ -122,8 +122,8 @@ _MODEL = [
     _f("model.sliding_window", 0, "0: full causal attention; w: attend to the last w positions",
        CHANGE, check=lambda v: None if v >= 0 else
        "must be >= 0 (0: full causal attention; w: the last w positions)"),
-    _f("model.attention_kernel", "einsum", "einsum (reference) | jax (dot_product_attention)",
-       CHANGE, ATTENTION_KERNELS),
+    _f("model.attention_kernel", "einsum", "einsum (reference) | jax (XLA's "
+       "dot_product_attention) | cudnn (cuDNN flash attention: GPU, bfloat16)", CHANGE, ATTENTION_KERNELS),
     # The same parameters in every mode, so a checkpoint continues under another one.
     _f("model.matmul", "auto", "matmul kernels; auto: the fastest on this machine "
        "(docs/performance.md)", FREE, MATMUL),

@@ -13,7 +13,8 @@ That is the default (GPT-2's design). The parts can be swapped by config (docs/R
     model.mlp=relu|swiglu        W_2 · ReLU(x W_1)  or  W_2 · (SiLU(x W_gate) ⊙ x W_1)
     model.n_kv_heads=G           G key/value heads shared by groups of query heads
     model.sliding_window=w       each position attends to the last w positions only
-    model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums
+    model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums (XLA's)
+    model.attention_kernel=cudnn the same with cuDNN flash attention (NVIDIA GPU, bfloat16)
 
 Shapes: B batch, T positions, D d_model, H heads, G key/value heads, K head dim (D = H·K),
 F MLP width, V vocabulary, S cache slots, L layers. Parameters carry logical axis names
@@ -108,8 +109,12 @@ class CausalSelfAttention(nn.Module):
 
         if cache is None and c.matmul != "plain" and c.attention_kernel == "einsum":
             out_BHTK = fastdense.causal_attention(c, q_BHTK, k_BGSK, v_BGSK, c.sliding_window)
-        elif c.attention_kernel == "jax":
-            out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+        elif c.attention_kernel in ("jax", "cudnn"):
+            # cuDNN's fused kernel for training and scoring; decoding (one query against a
+            # partly filled cache) stays with XLA's version.
+            fused = c.attention_kernel == "cudnn" and cache is None
+            out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask,
+                                               implementation="cudnn" if fused else None)
         else:
             attend = attention.dot_product_attention if cache is not None else (
                 attention.causal_attention)  # training and scoring: skip the upper triangle

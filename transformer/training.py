@@ -177,7 +177,10 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
 
 def resolve(config, tokenizer):
     """The config with derived values filled in (a new one; `config` is left as it is): the
-    vocabulary size from the tokenizer when it is 0."""
+    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
+    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
+                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
     if config.model.vocab_size == 0:
         return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
     if (config.model.vocab_size < tokenizer.vocab_size
