@@ -59,25 +59,3 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert int(resumed.step) == 30
     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
-
-
-def test_weight_decay_applies_to_matrices_only():
-    c = _config("copy", 10)
-    c.train.update(lr=1e-2, weight_decay=0.5, warmup_steps=0, grad_clip=0.0)
-    opt = training.make_optimizer(c.train)
-    params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
-    zero = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = opt.update(zero, opt.init(params), params)
-    assert np.all(np.asarray(updates["w"]) < 0)  # decayed towards zero
-    assert np.all(np.asarray(updates["b"]) == 0)  # untouched
-
-
-def test_learning_rate_warms_up_then_decays():
-    c = _config("copy", 100)
-    c.train.update(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
-    import optax
-    sched = optax.warmup_cosine_decay_schedule(0.0, 1.0, 10, 100, 0.1)
-    lrs = [float(sched(s)) for s in range(100)]
-    assert lrs[0] == 0.0 and lrs[10] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)

@@ -28,6 +28,8 @@ MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
+SCHEDULES = ("cosine", "wsd", "constant")  # see transformer/optimizer.py
+DECAY_SHAPES = ("linear", "cosine", "sqrt")
 MATMUL = ("auto", "plain", "fast_f32", "fast_bf16")  # see transformer/fastdense.py
 
 
@@ -76,8 +78,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.batch_size = 16
     c.train.lr = 1e-3
     c.train.warmup_steps = 100
-    c.train.min_lr_ratio = 0.1      # cosine decay ends at lr * min_lr_ratio
-    c.train.weight_decay = 0.1      # applied to matrices only
+    c.train.schedule = "cosine"     # cosine | wsd | constant (transformer/optimizer.py)
+    c.train.decay_fraction = 0.2    # wsd: the last fraction of the steps decays the lr
+    c.train.decay_shape = "linear"  # wsd: linear | cosine | sqrt
+    c.train.min_lr_ratio = 0.1      # the decay ends at lr * min_lr_ratio
+    c.train.weight_decay = 0.1      # kernels and embeddings only; not norms or biases
+    c.train.grad_accum = 1          # micro-batches per update; batch_size is per update
     c.train.b1 = 0.9
     c.train.b2 = 0.95
     c.train.grad_clip = 1.0         # global-norm clipping; 0 disables
@@ -259,6 +265,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         _fail("train.nonfinite", t.nonfinite, f"must be one of {', '.join(NONFINITE)}")
     if t.warmup_steps < 0:
         _fail("train.warmup_steps", t.warmup_steps, "must be >= 0")
+    if t.schedule not in SCHEDULES:
+        _fail("train.schedule", t.schedule, f"must be one of {', '.join(SCHEDULES)}")
+    if t.decay_shape not in DECAY_SHAPES:
+        _fail("train.decay_shape", t.decay_shape, f"must be one of {', '.join(DECAY_SHAPES)}")
+    if not 0.0 < t.decay_fraction <= 1.0:
+        _fail("train.decay_fraction", t.decay_fraction, "must be in (0, 1]")
+    if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
+        _fail("train.grad_accum", t.grad_accum,
+              f"must be a positive divisor of train.batch_size={t.batch_size} (the batch of "
+              "one update is split into grad_accum micro-batches)")
     if t.lr <= 0:
         _fail("train.lr", t.lr, "must be positive")
     if not 0.0 <= t.min_lr_ratio <= 1.0:

@@ -3,8 +3,9 @@
 Restarting the same command continues exactly. A changed config is compared field by field
 with the config saved in the latest checkpoint:
 - FREE fields change only what is logged, evaluated, saved or sampled, or where the state
-  lives (mesh.*: a checkpoint restores onto any mesh), never what the params are: they may
-  change silently (e.g. more frequent checkpoints after a crash);
+  lives (mesh.*: a checkpoint restores onto any mesh), or how one update's batch is split
+  (train.grad_accum: the same update up to float rounding, as on another mesh), never what
+  the params are: they may change silently (e.g. more frequent checkpoints after a crash);
 - FIXED fields change the shape of the saved state or the meaning of its tokens (model
   shape, tokenizer): the checkpoint cannot continue under them, whatever the flags;
 - every other field (train.steps, train.lr, train.seed, data.corpus, ...) changes what the
@@ -21,7 +22,7 @@ from __future__ import annotations
 from transformer.config import ConfigError, base_config, flatten, to_dict
 
 FREE = ("train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every",
-        "train.keep_checkpoints", "train.nonfinite", "sample.", "mesh.")
+        "train.keep_checkpoints", "train.nonfinite", "train.grad_accum", "sample.", "mesh.")
 FIXED = ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.d_ff",
          "model.max_seq_len", "model.tie_embeddings", "model.param_dtype", "model.scan_layers",
          "model.position", "model.norm", "model.norm_placement", "model.mlp", "model.n_kv_heads",
