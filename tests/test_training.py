@@ -59,3 +59,29 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert int(resumed.step) == 30
     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_every_evaluation_reports_bits_per_byte_equal_to_nats_over_ln2_for_bytes(tmp_path):
+    from transformer.metrics import MetricsLog
+    c = _config("stdlib", 4)
+    c.model.vocab_size = 256
+    c.data.update(tokenizer="byte", max_bytes=200_000)
+    c.train.update(eval_every=2, eval_batches=1)
+    _train(c, tmp_path)
+    evals = [m for m in MetricsLog(tmp_path).read() if "val_loss" in m]
+    assert [m["step"] for m in evals] == [2, 4]
+    for m in evals:
+        assert m["val_bpb"] == m["val_loss"] / math.log(2)
+
+
+def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
+    from transformer import data
+    c = _config("stdlib", 1)
+    c.model.update(vocab_size=0, max_seq_len=64)
+    c.data.update(tokenizer="bpe", bpe_vocab_size=512, max_bytes=300_000)
+    tokenizer, source = data.load(c)
+    val = source.splits["val"]
+    ratio = data.tokens_per_byte(tokenizer, source)
+    text = tokenizer.decode(val)
+    assert ratio == pytest.approx(len(tokenizer.encode(text)) / len(text.encode()), rel=0.01)
+    assert 0.2 < ratio < 0.8  # BPE merges bytes: fewer tokens than bytes
