@@ -304,7 +304,7 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
             fits["isoflop"], iso_lines = _isoflop_section(workdir, ok, holdout, n_boot)
             fit_lines += iso_lines
         by_group[g] = fits
-        lines += ["", f"## {g}" if len(groups) > 1 else "", *fit_lines]
+        lines += ["", *([f"## {g}", ""] if len(groups) > 1 else []), *fit_lines]
     fits = by_group[groups[0]] if len(groups) == 1 else by_group
     (workdir / "fit.json").write_text(json.dumps(fits, indent=1, default=float))
     if missing:
@@ -365,13 +365,14 @@ def _monotonic(rows) -> bool:
 
 def markdown_table(rows) -> str:
     header = ("| run | params | non-emb params | tokens | FLOPs | train loss | val loss "
-              "| wall s | tokens/s |")
-    lines = [header, "|" + "---|" * 9]
+              "| val bpb | wall s | tokens/s |")
+    lines = [header, "|" + "---|" * 10]
     for r in rows:
         lines.append(
             f"| {r['name']} | {human(r['params_total'])} | {human(r['params_non_embedding'])} "
             f"| {human(r['tokens'])} | {r['flops']:.3g} | {r['train_loss']:.4f} "
-            f"| {r['val_loss']:.4f} | {r['wall_s']:.0f} | {r['tokens_per_s']:,.0f} |")
+            f"| {r['val_loss']:.4f} | {r.get('val_bpb', math.nan):.4f} | {r['wall_s']:.0f} "
+            f"| {r['tokens_per_s']:,.0f} |")
     return "\n".join(lines)
 
 
