@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer import fit, scaling
-from transformer.config import ConfigError
+from transformer.config import ConfigError, base_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,3 +153,89 @@ def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):
     assert len((tmp_path / "report.csv").read_text().splitlines()) == 10
     for name in ("loss_vs_params.png", "loss_vs_compute.png", "loss_curves.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def _write_isoflop_runs(workdir, groups=("",), shift=0.0):
+    """Finished members written by hand: 3 budgets × 5 sizes on a known L(N, D), C = 6ND."""
+    for g_i, group in enumerate(groups):
+        for C in (1e15, 4e15, 1.6e16):
+            n_opt = (C / 120) ** 0.5
+            for k, n in enumerate(n_opt * np.geomspace(0.2, 5, 5)):
+                d = C / (6 * n)
+                loss = 1.5 + g_i * shift + 400 * n ** -0.34 + 410 * d ** -0.28
+                name = "_".join(p for p in (group, f"n{k}", f"flop{C:.1e}") if p)
+                run = workdir / name
+                run.mkdir(parents=True)
+                (run / "result.json").write_text(json.dumps(dict(
+                    name=name, budget="flops", budget_value=C, n_layers=k + 1, d_model=16,
+                    steps=10, tokens=d, params_total=int(n * 1.2), params_non_embedding=int(n),
+                    flops=C, wall_s=1.0, group=group)))
+                (run / "metrics.jsonl").write_text(json.dumps(
+                    {"step": 10, "tokens": d, "val_loss": loss, "val_bpb": loss / 2}) + "\n")
+    (workdir / "sweep.json").write_text(json.dumps({"sweep": {"sizes": [dict(
+        name="L1-d16", n_layers=1, d_model=16, n_heads=1, d_ff=64)]}, "members": []}))
+
+
+def test_isoflop_report_predicts_and_checks_a_held_out_budget(tmp_path):
+    _write_isoflop_runs(tmp_path)
+    lines = []
+    fits = scaling.report(tmp_path, log=lines.append, holdout="largest", n_boot=8)
+    text = lines[0]
+    assert "Approach 2" in text and "Approach 3" in text and "Holdout" in text
+    assert abs(fits["isoflop"]["approach3"]["alpha"] - 0.34) < 0.03
+    assert abs(fits["isoflop"]["approach2"]["a"] + fits["isoflop"]["approach2"]["b"] - 1) < 0.05
+    assert (tmp_path / "isoflop.png").read_bytes()[:4] == b"\x89PNG"
+    held = [line for line in text.splitlines() if "flop1.6e+16" in line and line.startswith("| n")]
+    assert len(held) == 10  # 5 runs in the run table, and again in the holdout table
+    assert "val_bpb" in (tmp_path / "report.csv").read_text().splitlines()[0]
+
+    out = []
+    best = scaling.predict(tmp_path, 1e17, log=out.append, n_boot=8)
+    assert best["N_int"][0] <= best["N"] <= best["N_int"][1]
+    assert best["D"] / best["N"] > 1 and "nearest ladder size: n_layers=" in out[0]
+
+
+def test_predict_and_holdout_flags_refuse_bad_values(tmp_path):
+    _write_isoflop_runs(tmp_path)
+    no_budget = _scaling(f"--workdir={tmp_path}", "--predict")
+    assert no_budget.returncode == 2 and "--flops" in no_budget.stderr
+    bad = _scaling(f"--workdir={tmp_path}", "--report", "--holdout=smallest")
+    assert bad.returncode == 2 and "--holdout=smallest" in bad.stderr
+
+
+def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path):
+    variants = scaling.grid({"model.position": ["learned", "rope"], "train.lr": [1e-3, 3e-3]})
+    assert [v["name"] for v in variants][:2] == ["position=learned_lr=0.001",
+                                                 "position=learned_lr=0.003"]
+    assert {v["group"] for v in variants} == {"position=learned", "position=rope"}
+    base = base_config()
+    sweep = scaling.sweep_config(base, scaling.ladder([1, 2], aspect=16, head_dim=16),
+                                 "tokens", [1000], variants)
+    ms = scaling.members(sweep)
+    assert len(ms) == 8 and ms[-1].name == "position=rope_lr=0.003_L2-d32_tok1K"
+    assert ms[-1].config.model.position == "rope" and ms[-1].config.train.lr == 3e-3
+    bad = scaling.sweep_config(base, scaling.ladder([1], aspect=16, head_dim=16), "tokens",
+                               [1000], [{"name": "x", "model.positions": "rope"}])
+    with pytest.raises(ConfigError, match="model.positions"):
+        scaling.members(bad)
+
+    # The report keeps the best lr per size, then fits each group: the "modern" group is
+    # planted 0.1 nats better at every size, with a worse lr that must be ignored.
+    for group, offset in (("gpt2", 0.0), ("modern", -0.1)):
+        for lr, penalty in ((1e-3, 0.5), (3e-3, 0.0)):
+            for k, n in enumerate((1e4, 3e4, 1e5, 3e5)):
+                name = f"{group}_lr={lr:g}_n{k}"
+                loss = 2.0 + offset + penalty + 30 * n ** -0.3
+                run = tmp_path / name
+                run.mkdir()
+                (run / "result.json").write_text(json.dumps(dict(
+                    name=name, budget="tokens", budget_value=1e6, n_layers=1, d_model=8,
+                    steps=10, tokens=1e6, params_total=int(n), params_non_embedding=int(n),
+                    flops=6e6 * n, wall_s=1.0, group=group)))
+                (run / "metrics.jsonl").write_text(json.dumps(
+                    {"step": 10, "tokens": 1e6, "val_loss": loss}) + "\n")
+    fits = scaling.report(tmp_path, log=lambda s: None)
+    assert set(fits) == {"gpt2", "modern"}
+    assert fits["modern"]["L(N)"]["E"] == pytest.approx(1.9, abs=0.02)
+    assert fits["gpt2"]["L(N)"]["E"] == pytest.approx(2.0, abs=0.02)
+    assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)

@@ -68,23 +68,27 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_weight_decay_applies_to_matrices_only():
-    c = _config("copy", 10)
-    c.train.update(lr=1e-2, weight_decay=0.5, warmup_steps=0, grad_clip=0.0)
-    opt = training.make_optimizer(c.train)
-    params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
-    zero = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = opt.update(zero, opt.init(params), params)
-    assert np.all(np.asarray(updates["w"]) < 0)  # decayed towards zero
-    assert np.all(np.asarray(updates["b"]) == 0)  # untouched
+def test_every_evaluation_reports_bits_per_byte_equal_to_nats_over_ln2_for_bytes(tmp_path):
+    from transformer.metrics import MetricsLog
+    c = _config("stdlib", 4)
+    c.model.vocab_size = 256
+    c.data.update(tokenizer="byte", max_bytes=200_000)
+    c.train.update(eval_every=2, eval_batches=1)
+    _train(c, tmp_path)
+    evals = [m for m in MetricsLog(tmp_path).read() if "val_loss" in m]
+    assert [m["step"] for m in evals] == [2, 4]
+    for m in evals:
+        assert m["val_bpb"] == m["val_loss"] / math.log(2)
 
 
-def test_learning_rate_warms_up_then_decays():
-    c = _config("copy", 100)
-    c.train.update(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
-    import optax
-    sched = optax.warmup_cosine_decay_schedule(0.0, 1.0, 10, 100, 0.1)
-    lrs = [float(sched(s)) for s in range(100)]
-    assert lrs[0] == 0.0 and lrs[10] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
+    from transformer import data
+    c = _config("stdlib", 1)
+    c.model.update(vocab_size=0, max_seq_len=64)
+    c.data.update(tokenizer="bpe", bpe_vocab_size=512, max_bytes=300_000)
+    tokenizer, source = data.load(c)
+    val = source.splits["val"]
+    ratio = data.tokens_per_byte(tokenizer, source)
+    text = tokenizer.decode(val)
+    assert ratio == pytest.approx(len(tokenizer.encode(text)) / len(text.encode()), rel=0.01)
+    assert 0.2 < ratio < 0.8  # BPE merges bytes: fewer tokens than bytes

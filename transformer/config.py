@@ -169,6 +169,13 @@ def _check_model(m) -> None:
               "bfloat16 inputs: also set model.dtype=bfloat16, or use attention_kernel=jax")
 
 
+def _check_train(t) -> None:
+    if t.batch_size % t.grad_accum:
+        _fail("train.grad_accum", t.grad_accum,
+              f"must divide train.batch_size={t.batch_size} (the batch of one update is split "
+              "into grad_accum micro-batches)")
+
+
 def _check_data(d) -> None:
     if d.corpus in fields.SYNTHETIC_CORPORA and d.tokenizer != "byte":
         _fail("data.tokenizer", d.tokenizer, f"synthetic corpus {d.corpus!r} needs tokenizer=byte")
@@ -180,6 +187,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_fields(config)
     _check_model(config.model)
     _check_data(config.data)
+    _check_train(config.train)
     s = config.sample
     check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, config.model.max_seq_len,
                    prefix="sample.")

@@ -36,7 +36,9 @@ MESH_AXES = ("data", "fsdp", "tensor")
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")
-SYNTHETIC_CORPORA = ("copy", "random")  # data.corpus values that are generated, not read
+SYNTHETIC_CORPORA = ("copy", "random")
+SCHEDULES = ("cosine", "wsd", "constant")  # learning-rate schedules (optimizer.py)
+DECAY_SHAPES = ("linear", "cosine", "sqrt")  # how wsd's decay phase falls  # data.corpus values that are generated, not read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +151,18 @@ _TRAIN = [
     _f("train.lr", 1e-3, "peak learning rate", CHANGE,
        check=lambda v: None if v > 0 else "must be positive"),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),
-    _f("train.min_lr_ratio", 0.1, "cosine decay ends at lr * min_lr_ratio", CHANGE,
+    _f("train.schedule", "cosine", "learning-rate schedule after warm-up (optimizer.py)", CHANGE,
+       SCHEDULES),
+    _f("train.decay_fraction", 0.2, "wsd: the last fraction of the steps decays the lr", CHANGE,
+       check=lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"),
+    _f("train.decay_shape", "linear", "wsd: how the decay phase falls", CHANGE, DECAY_SHAPES),
+    _f("train.min_lr_ratio", 0.1, "the decay ends at lr * min_lr_ratio", CHANGE,
        check=_in(0.0, 1.0, closed_hi=True, text="must be in [0, 1]")),
-    _f("train.weight_decay", 0.1, "AdamW decay, applied to matrices only", CHANGE,
-       check=_non_negative),
+    _f("train.weight_decay", 0.1, "AdamW decay of kernels and embeddings (not norms, biases)",
+       CHANGE, check=_non_negative),
+    # The same update up to float rounding, however the batch is split (like another mesh).
+    _f("train.grad_accum", 1, "micro-batches per update; train.batch_size is per update", FREE,
+       check=_positive),
     _f("train.b1", 0.9, "Adam beta1", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
     _f("train.b2", 0.95, "Adam beta2", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
     _f("train.grad_clip", 1.0, "global-norm clipping; 0 disables", CHANGE, check=_non_negative),

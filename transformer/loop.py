@@ -26,7 +26,7 @@ from transformer import flops, processes, signals
 from transformer import metrics as metrics_lib
 from transformer.faults import NonFiniteGuard, TestHooks
 from transformer.metrics import MetricsLog, Progress, Throughput
-from transformer.training import Trainer, compute_precision, evaluate
+from transformer.training import Trainer, bits_per_byte, compute_precision, evaluate
 
 
 class Reporter:
@@ -74,6 +74,7 @@ class Loop:
     guard: NonFiniteGuard
     hooks: TestHooks
     bar: Progress
+    tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
@@ -111,9 +112,10 @@ class Loop:
         if evaluating:
             with reporter.meter.paused():  # evaluation time is not training throughput
                 val_loss = evaluate(self.trainer, state.params, self.source, t.seed)
+            val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
-                                   val_loss=val_loss)
-            self.bar.write(f"step {done}: val_loss {val_loss:.4f}")
+                                   val_loss=val_loss, val_bpb=val_bpb)
+            self.bar.write(f"step {done}: val_loss {val_loss:.4f}, val_bpb {val_bpb:.4f}")
         if saving:
             self.guard.flush()  # never save a state that followed an unchecked step
             with reporter.meter.paused():

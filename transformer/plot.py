@@ -94,9 +94,14 @@ def plot_scaling(x, loss, fitted, out, xlabel: str, groups=None, fit_label: str 
     for group in dict.fromkeys(groups):
         pick = np.array([g == group for g in groups])
         ax.plot(x[pick], loss[pick], "o", label=group or "runs")
-    if fitted is not None:
-        from transformer import fit
-        grid = np.geomspace(x.min() / 1.5, x.max() * 1.5, 200)
+    from transformer import fit
+    grid = np.geomspace(x.min() / 1.5, x.max() * 1.5, 200)
+    if fitted is not None and "E" not in fitted:  # {group: fit}: one curve per group
+        for (group, f), line in zip(fitted.items(), ax.get_lines()):
+            if f is not None:
+                ax.plot(grid, fit.predict(f, grid), "--", lw=1, color=line.get_color(),
+                        label=f"{group}: α={f['alpha']:.3f}±{f['alpha_err']:.2g}")
+    elif fitted is not None:
         ax.plot(grid, fit.predict(fitted, grid), "k--", lw=1,
                 label=fit_label or f"fit: α={fitted['alpha']:.3f}±{fitted['alpha_err']:.2g}")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="final val loss")
@@ -106,6 +111,43 @@ def plot_scaling(x, loss, fitted, out, xlabel: str, groups=None, fit_label: str 
     ax.xaxis.set_minor_formatter(NullFormatter())  # minor x labels collide within a decade
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def plot_isoflop(runs, a2, a3, cost, out) -> Path:
+    """Left: val loss against N at each budget, with its parabola and minimum (Approach 2).
+    Right: the optimal N against C: the minima, Approach 2's power law, Approach 3's optimum."""
+    from transformer import chinchilla
+    plt = _pyplot()
+    fig, (ax, ax_opt) = plt.subplots(1, 2, figsize=(12, 4.5))
+    budgets = sorted({r["C"] for r in runs})
+    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(budgets), 1)))
+    for C, color in zip(budgets, colors):
+        at = sorted((r for r in runs if r["C"] == C), key=lambda r: r["N"])
+        N = np.array([r["N"] for r in at], float)
+        ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {C:.2g}")
+        fitted = (a2 or {}).get("budgets", {}).get(C)
+        if fitted:
+            grid = np.geomspace(N.min() / 1.3, N.max() * 1.3, 100)
+            ax.plot(grid, np.polyval(fitted["parabola"], np.log(grid)), "-", color=color, lw=1)
+            ax.plot(fitted["N_opt"], fitted["loss_opt"], "*", color=color, ms=13, mec="k")
+            ax_opt.plot(C, fitted["N_opt"], "*", color=color, ms=13, mec="k")
+    lo, hi = min(budgets) / 3, max(budgets) * 30
+    grid_C = np.geomspace(lo, hi, 50)
+    if a2:
+        ax_opt.plot(grid_C, a2["kN"] * grid_C ** a2["a"], "k--", lw=1,
+                    label=f"Approach 2: N_opt ∝ C^{a2['a']:.2f}")
+    if a3:
+        n3 = [chinchilla.approach3_optimum(a3, C, cost)[0] for C in grid_C]
+        ax_opt.plot(grid_C, n3, "r:", lw=1.5, label=f"Approach 3: α={a3['alpha']:.2f}, "
+                    f"β={a3['beta']:.2f}")
+    ax.set(xscale="log", xlabel="non-embedding parameters N", ylabel="final val loss",
+           title="IsoFLOP curves")
+    ax_opt.set(xscale="log", yscale="log", xlabel="training compute C (FLOPs)",
+               ylabel="compute-optimal N", title="optimal size against compute")
+    for a in (ax, ax_opt):
+        a.grid(alpha=0.3, which="both")
+        a.legend(fontsize=7)
     return _save(fig, out)
 
 

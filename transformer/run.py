@@ -76,7 +76,8 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     bar = Progress(first, t.steps, enabled=progress)
     hooks.install()
     guard = NonFiniteGuard(t.nonfinite, skipped)
-    loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar)
+    loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
+                data.tokens_per_byte(plan.tokenizer, plan.source))
     try:
         state = loop.run(state, first, end)
     finally:

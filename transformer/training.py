@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import flax
@@ -27,6 +28,7 @@ import optax
 from transformer import config as config_lib, data, flops, sharding, sizes
 from transformer.config import ConfigError, ModelConfig
 from transformer.model import GPT, count_params, init_params
+from transformer.optimizer import make_optimizer
 
 
 @flax.struct.dataclass
@@ -34,20 +36,6 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
-
-
-def make_optimizer(t) -> optax.GradientTransformation:
-    """AdamW with linear warmup then cosine decay; clipping by global norm; weight decay on
-    matrices only (norm scales and biases are not pulled towards zero)."""
-    warmup = min(t.warmup_steps, max(t.steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=t.lr, warmup_steps=warmup,
-        decay_steps=max(t.steps, warmup + 1), end_value=t.lr * t.min_lr_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)  # noqa: E731
-    adamw = optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=decay_mask)
-    if t.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw)
-    return adamw
 
 
 def loss_fn(params, batch, model_config: ModelConfig):
@@ -58,8 +46,36 @@ def loss_fn(params, batch, model_config: ModelConfig):
     return jnp.sum(ce_BT * weights_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0)
 
 
-def train_step(state: TrainState, batch, *, model_config, optimizer):
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, model_config)
+def accumulated_grad(params, batch, model_config, micro_batches: int):
+    """(loss, gradient) of the whole batch, computed `micro_batches` rows-slices at a time.
+
+    Each micro-batch's mean is weighted by its counted targets, so the result is the mean
+    over every counted target of the batch: one batch of k·b up to float rounding. Micro-batch
+    i takes rows i, i+k, i+2k, ...: with the batch split over devices by rows, every
+    micro-batch stays split the same way."""
+    grad_fn = jax.value_and_grad(loss_fn)
+    if micro_batches == 1:
+        return grad_fn(params, batch, model_config)
+    k = micro_batches
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def add(carry, mb):
+        loss_sum, grad_sum, count = carry
+        n = jnp.sum(mb["weights"])
+        loss, grads = grad_fn(params, mb, model_config)
+        grad_sum = jax.tree.map(lambda s, g: s + n * g, grad_sum, grads)
+        return (loss_sum + n * loss, grad_sum, count + n), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss_sum, grad_sum, count), _ = jax.lax.scan(add, (jnp.float32(0), zeros, jnp.float32(0)),
+                                                  micro)
+    count = jnp.maximum(count, 1.0)
+    return loss_sum / count, jax.tree.map(lambda g: g / count, grad_sum)
+
+
+def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1):
+    loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
@@ -116,7 +132,9 @@ class Trainer:
         batch_sh = sharding.batch_sharding(mesh, rules)
         replicated = sharding.replicated(mesh)
         step = sharding.constrained(functools.partial(train_step, model_config=model_config,
-                                                      optimizer=optimizer), mesh, rules)
+                                                      optimizer=optimizer,
+                                                      micro_batches=config.train.grad_accum),
+                                    mesh, rules)
         step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
                           out_shardings=(state_sh, replicated), donate_argnums=0)
         loss = sharding.constrained(functools.partial(loss_fn, model_config=model_config),
@@ -147,8 +165,13 @@ class Trainer:
         return sharding.put_batch(local, self.batch_sharding, B)
 
 
+def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
+    """Nats per token → bits per byte of text: comparable across tokenizers."""
+    return loss_nats / math.log(2) * tokens_per_byte
+
+
 def evaluate(trainer: Trainer, params, source, seed: int) -> float:
-    """Mean validation loss over a fixed set of held-out batches."""
+    """Mean validation loss (nats per token) over a fixed set of held-out batches."""
     t = trainer.config.train
     losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
               for i in range(t.eval_batches)]
@@ -169,8 +192,10 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
         lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
     tokens_per_step = t.batch_size * config.model.max_seq_len
     total_tokens = tokens_per_step * t.steps
+    accum = (f" in {t.grad_accum} micro-batches of {t.batch_size // t.grad_accum} rows"
+             if t.grad_accum > 1 else "")
     lines.append(f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} "
-                 f"tokens/step, {t.steps:,} steps = {total_tokens:,} tokens, "
+                 f"tokens/step{accum}, {t.steps:,} steps = {total_tokens:,} tokens, "
                  f"{flops.train_flops_per_token(model_config) * total_tokens:.3g} FLOPs")
     return "\n".join(lines)
 

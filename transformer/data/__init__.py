@@ -24,4 +24,14 @@ def load(config, tokenizer=None):
     return tokenizer, batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
 
 
-__all__ = ["load", "CorpusError", "TokenizerError", "batches", "corpus", "tokenizers"]
+def tokens_per_byte(tokenizer, source) -> float:
+    """Tokens per UTF-8 byte of the validation text, what turns nats per token into bits per
+    byte. Byte tokens are bytes; otherwise the held-out tokens are decoded and their bytes
+    counted (a block boundary inside a character may miscount a byte or two)."""
+    if tokenizer.kind == "byte" or not hasattr(source, "splits"):
+        return 1.0  # the byte tokenizer, and the synthetic tasks (which use it)
+    val = source.splits["val"]
+    return len(val) / max(1, len(tokenizer.decode(val).encode("utf-8")))
+
+
+__all__ = ["load", "tokens_per_byte", "CorpusError", "TokenizerError", "batches", "corpus", "tokenizers"]

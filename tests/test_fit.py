@@ -1,0 +1,100 @@
+"""The compute-optimal fitters recover constants planted in synthetic sweeps: losses drawn
+from a known L(N, D) (plus noise), at known FLOP budgets, must give back alpha, beta, E and
+the optimal-allocation exponents that follow from them in closed form."""
+
+import math
+
+import numpy as np
+import pytest
+
+from transformer import chinchilla
+
+TRUE = dict(E=1.7, A=400.0, alpha=0.34, B=410.0, beta=0.28)
+
+
+def _isoflop_runs(budgets, noise=0.0, seed=0, per_budget=9):
+    """An IsoFLOP sweep with C = 6·N·D: at each budget, N spread over 1.5 decades around
+    the true optimum, D = C / 6N, loss from TRUE times (1 + noise·ε)."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for C in budgets:
+        n_opt, _ = _true_optimum(C)
+        for N in n_opt * np.geomspace(0.18, 5.5, per_budget):
+            D = C / (6 * N)
+            loss = chinchilla.loss_nd(TRUE, N, D) * (1 + noise * rng.standard_normal())
+            runs.append(dict(C=C, N=N, D=D, loss=float(loss)))
+    return runs
+
+
+def _true_optimum(C):
+    """Hoffmann et al.'s closed form for C = 6ND: N_opt = G (C/6)^(β/(α+β))."""
+    a, b = TRUE["alpha"], TRUE["beta"]
+    G = (a * TRUE["A"] / (b * TRUE["B"])) ** (1 / (a + b))
+    return G * (C / 6) ** (b / (a + b)), (C / 6) ** (a / (a + b)) / G
+
+
+BUDGETS = [1e17, 1e18, 1e19, 1e20]
+
+
+def test_approach3_recovers_exponents_and_entropy_from_noisy_losses():
+    fit = chinchilla.approach3(_isoflop_runs(BUDGETS, noise=0.003))
+    assert fit["alpha"] == pytest.approx(TRUE["alpha"], abs=0.05)
+    assert fit["beta"] == pytest.approx(TRUE["beta"], abs=0.05)
+    assert fit["E"] == pytest.approx(TRUE["E"], abs=0.1)
+
+
+def test_approach3_is_exact_without_noise():
+    fit = chinchilla.approach3(_isoflop_runs(BUDGETS))
+    for name in ("alpha", "beta", "E"):
+        assert fit[name] == pytest.approx(TRUE[name], rel=2e-2), name
+
+
+def test_approach2_recovers_the_allocation_exponents():
+    """a = β/(α+β), b = α/(α+β): the parabolas' minima follow the true optimum."""
+    fit = chinchilla.approach2(_isoflop_runs(BUDGETS, noise=0.0005))
+    a_true = TRUE["beta"] / (TRUE["alpha"] + TRUE["beta"])
+    assert fit["a"] == pytest.approx(a_true, abs=0.04)
+    assert fit["b"] == pytest.approx(1 - a_true, abs=0.04)
+    assert fit["a"] + fit["b"] == pytest.approx(1.0, abs=0.02)  # C = 6ND exactly here
+
+
+def test_approach2_on_planted_parabolas_gives_their_exponent():
+    """Valleys placed exactly at N_opt = 3·C^0.6 come back with a = 0.6 and k_N = 3."""
+    runs = []
+    for C in (1e10, 1e11, 1e12):
+        n_opt = 3 * C ** 0.6
+        for N in n_opt * np.geomspace(0.1, 10, 5):
+            runs.append(dict(C=C, N=N, D=C / (6 * N), loss=2 + 0.3 * math.log(N / n_opt) ** 2))
+    fit = chinchilla.approach2(runs)
+    assert fit["a"] == pytest.approx(0.6, abs=1e-9)
+    assert fit["kN"] == pytest.approx(3.0, rel=1e-6)
+    assert fit["b"] == pytest.approx(0.4, abs=1e-9)
+
+
+def test_approach3_optimum_matches_the_closed_form():
+    runs = _isoflop_runs(BUDGETS)
+    cost = chinchilla.flops_per_token_law(runs)
+    assert cost[1] == pytest.approx(1.0) and cost[0] == pytest.approx(6.0)
+    n_opt, d_opt, _ = chinchilla.approach3_optimum(TRUE, 1e21, cost)
+    n_true, d_true = _true_optimum(1e21)
+    assert n_opt == pytest.approx(n_true, rel=1e-3)
+    assert d_opt == pytest.approx(d_true, rel=1e-3)
+
+
+def test_bootstrap_intervals_cover_the_truth_and_shrink_with_less_noise():
+    widths = []
+    for noise in (0.01, 0.002):
+        runs = _isoflop_runs(BUDGETS, noise=noise, seed=1, per_budget=7)
+        full = chinchilla.approach3(runs)
+        _, fits3 = chinchilla.bootstrap(runs, n=20, approach3_fit=full)
+        lo, hi = chinchilla.interval([f["alpha"] for f in fits3])
+        assert lo <= TRUE["alpha"] <= hi
+        widths.append(hi - lo)
+    assert widths[1] < widths[0]
+
+
+def test_a_budget_without_a_valley_is_left_out():
+    runs = _isoflop_runs(BUDGETS[:3])
+    runs += [dict(C=5e20, N=N, D=1e9, loss=3.0 - 0.01 * i)  # falling: no minimum
+             for i, N in enumerate((1e8, 2e8, 4e8))]
+    assert 5e20 not in chinchilla.approach2(runs)["budgets"]

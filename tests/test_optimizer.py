@@ -1,0 +1,170 @@
+"""The optimizer as training uses it (make_optimizer): what weight decay touches, the learning
+rate each schedule gives at each step, and gradient accumulation equal to one big batch."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from transformer import optimizer, training
+from transformer.config import ConfigError, ModelConfig, base_config, validate
+from transformer.model import init_params
+
+
+def _model(scan_layers):
+    return ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                       max_seq_len=16, scan_layers=scan_layers, matmul="plain",
+                       tie_embeddings=False)
+
+
+def _train_config(**changes):
+    c = base_config()
+    c.train.update(steps=20, lr=0.01, warmup_steps=0, grad_clip=0.0, weight_decay=0.5)
+    c.train.update(changes)
+    return validate(c).train
+
+
+def _leaf_names(params):
+    return {jax.tree_util.keystr(path): leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def _role_decayed(path: str) -> bool:
+    """The intended roles, written out independently of optimizer.py's rule."""
+    return path.endswith(("['kernel']", "['embedding']", "['pos_embed']"))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_adamw_with_zero_gradient_shrinks_exactly_the_decayed_roles(scan_layers):
+    params = init_params(_model(scan_layers), jax.random.key(0))
+    params = jax.tree.map(lambda x: x + 1.0, params)  # no zero leaves: decay must show
+    opt = optimizer.make_optimizer(_train_config())
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = opt.update(zero, opt.init(params), params)
+    new = _leaf_names(optax.apply_updates(params, updates))
+    old = _leaf_names(params)
+    decayed = {p for p in old if _role_decayed(p)}
+    assert any("scale" in p for p in old) and any("bias" in p for p in old)
+    assert {"['embed']['embedding']", "['pos_embed']"} <= decayed
+    for path in old:
+        shrunk = np.all(np.abs(np.asarray(new[path])) < np.abs(np.asarray(old[path])))
+        same = np.array_equal(np.asarray(new[path]), np.asarray(old[path]))
+        assert (shrunk if path in decayed else same), path
+
+
+def test_the_old_shape_rule_decays_norms_when_layers_are_scanned():
+    """Documents the bug the role rule fixes: `ndim >= 2` marks stacked norm scales and the
+    [H, K] attention biases; the role rule marks neither, in either layout."""
+    for scan_layers in (False, True):
+        params = init_params(_model(scan_layers), jax.random.key(0))
+        old_rule = _leaf_names(jax.tree.map(lambda x: x.ndim >= 2, params))
+        new_rule = _leaf_names(optimizer.decay_mask(params))
+        norms = [p for p in old_rule if p.endswith(("['scale']", "['bias']"))]
+        assert norms and not any(new_rule[p] for p in norms)
+        qkv_bias = [p for p in norms if "['query']['bias']" in p]
+        assert qkv_bias and all(old_rule[p] for p in qkv_bias)  # [H, K] or [L, H, K]
+        ln_scale = [p for p in norms if "['ln_attn']['scale']" in p]
+        assert all(old_rule[p] for p in ln_scale) == scan_layers
+
+
+def test_an_unknown_parameter_name_is_refused():
+    with pytest.raises(ValueError, match="no weight-decay role"):
+        optimizer.decay_mask({"mystery": jnp.ones((2, 2))})
+
+
+def _lrs(**changes):
+    """The learning rate of every update, read off make_optimizer's AdamW: with b1 = b2 = 0,
+    no decay and a unit gradient, each update moves the parameter by -lr (to ~1e-8)."""
+    t = _train_config(b1=0.0, b2=0.0, weight_decay=0.0, **changes)
+    opt = optimizer.make_optimizer(t)
+    params = {"kernel": jnp.zeros(())}
+    state = opt.init(params)
+    lrs = []
+    for _ in range(t.steps):
+        updates, state = opt.update({"kernel": jnp.ones(())}, state, params)
+        lrs.append(-float(updates["kernel"]))
+    return np.array(lrs)
+
+
+def test_cosine_warms_up_linearly_then_decays_to_the_floor():
+    lrs = _lrs(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    np.testing.assert_allclose(lrs[:11], np.arange(11) / 10, atol=1e-6)
+    assert np.all(np.diff(lrs[10:]) < 0)
+    mid = 10 + 45  # half way through the cosine: (1 + 0.1) / 2
+    assert lrs[mid] == pytest.approx(0.55, abs=1e-6)
+    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 89 / 90)),
+                                    abs=1e-6)
+
+
+@pytest.mark.parametrize("shape,f", [("linear", lambda p: 1 - p),
+                                     ("cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p))),
+                                     ("sqrt", lambda p: 1 - math.sqrt(p))])
+def test_wsd_holds_the_peak_then_decays_in_the_last_fraction(shape, f):
+    lrs = _lrs(steps=100, lr=2.0, warmup_steps=5, schedule="wsd", decay_fraction=0.2,
+               decay_shape=shape, min_lr_ratio=0.0)
+    np.testing.assert_allclose(lrs[5:81], 2.0, atol=1e-6)  # stable until step 80
+    expected = [2.0 * f((s - 80) / 20) for s in range(80, 100)]
+    np.testing.assert_allclose(lrs[80:], expected, atol=1e-6)
+
+
+def test_constant_schedule_stays_at_the_peak_after_warmup():
+    lrs = _lrs(steps=30, lr=0.5, warmup_steps=4, schedule="constant")
+    np.testing.assert_allclose(lrs[4:], 0.5, atol=1e-6)
+    assert lrs[0] == 0.0
+
+
+@pytest.mark.parametrize("field,value", [("schedule", "step"), ("decay_shape", "exp"),
+                                         ("decay_fraction", 0.0), ("grad_accum", 3)])
+def test_bad_schedule_or_accumulation_names_the_field(field, value):
+    c = base_config()
+    c.train[field] = value
+    with pytest.raises(ConfigError, match=f"train.{field}"):
+        validate(c)
+
+
+def test_k_micro_batches_give_the_update_of_one_big_batch():
+    """The gradient (what the update is made of) and the step's metrics of 4 micro-batches of
+    2 rows equal those of one batch of 8, with an uneven number of counted targets per row.
+    (Parameters after Adam's first step are not compared: it divides by |g|, which turns the
+    rounding noise of a gradient that is exactly zero in theory, the key bias's, into ±lr.)"""
+    model = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                        max_seq_len=16, matmul="plain")
+    opt = optimizer.make_optimizer(_train_config(grad_clip=1.0))
+    state = training.init_state(model, opt, 0)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 32, (8, 17))
+    weights = (rng.random((8, 16)) < 0.7).astype(np.float32)
+    weights[::4] = 0.0  # micro-batches count different numbers of targets
+    weights[0, :3] = 1.0
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
+    grads = {k: jax.jit(lambda p, b, k=k: training.accumulated_grad(p, b, model, k))(
+        state.params, batch) for k in (1, 4)}
+    assert float(grads[4][0]) == pytest.approx(float(grads[1][0]), rel=1e-6)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads[1][1]))
+    for a, b in zip(jax.tree.leaves(grads[1][1]), jax.tree.leaves(grads[4][1])):
+        np.testing.assert_allclose(a, b, atol=1e-6 * scale, rtol=1e-5)
+    step = lambda k: jax.jit(lambda s, b: training.train_step(  # noqa: E731
+        s, b, model_config=model, optimizer=opt, micro_batches=k))(state, batch)
+    (_, m1), (_, m4) = step(1), step(4)
+    assert float(m4["train_loss"]) == pytest.approx(float(m1["train_loss"]), rel=1e-6)
+    assert float(m4["grad_norm"]) == pytest.approx(float(m1["grad_norm"]), rel=1e-5)
+
+
+def test_the_accumulation_check_would_catch_an_unweighted_mean(monkeypatch):
+    """Averaging micro-batch means without their target counts misses the tolerance used above
+    by two orders of magnitude, even at initialisation where every loss is near ln V."""
+    model = ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                        max_seq_len=16, matmul="plain")
+    params = init_params(model, jax.random.key(0))
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 32, (4, 17))
+    weights = np.ones((4, 16), np.float32)
+    weights[1::2, 4:] = 0.0  # rows 1 and 3 (micro-batch 1 of 2) count 4 targets each
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
+    loss_full, _ = training.accumulated_grad(params, batch, model, 1)
+    halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
+    unweighted = np.mean([float(training.loss_fn(params, h, model)) for h in halves])
+    assert abs(unweighted - float(loss_full)) > 100 * 1e-6 * float(loss_full)  # the tolerance above

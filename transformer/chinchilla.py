@@ -1,0 +1,187 @@
+"""Compute-optimal scaling from IsoFLOP sweeps: Chinchilla's approaches 2 and 3, each
+constant with a bootstrap interval (Hoffmann et al. 2022, sections 3.2 and 3.3).
+
+    from transformer import chinchilla
+    runs = [dict(C=..., N=..., D=..., loss=...), ...]     # one per finished sweep member
+    a2 = chinchilla.approach2(runs)     # per-budget parabolas -> N_opt ∝ C^a, D_opt ∝ C^b
+    a3 = chinchilla.approach3(runs)     # L(N, D) = E + A/N^alpha + B/D^beta
+    chinchilla.bootstrap(runs, n=200)   # both again on runs resampled with replacement
+
+Approach 2: at each budget C, loss against log N is a valley; a parabola through it puts the
+minimum at N_opt(C) (and one against log D at D_opt(C)). Straight lines through
+(log C, log N_opt) and (log C, log D_opt) give the exponents a and b; with C ∝ N·D they
+must add up to 1.
+
+Approach 3: the parametric loss, fitted as Hoffmann et al. did: minimise the Huber loss
+(δ = 1e-3) between log L̂ = LSE(a - α log N, b - β log D, e) and log L over a grid of
+starting points with L-BFGS (A = e^a, B = e^b, E = e^e). N and D are divided by their
+geometric means inside the fit, which keeps the start grid small; A and B are returned for
+raw N and D.
+
+Compute of a run is its measured training FLOPs, not 6·N·D: at these sizes the embedding
+and attention FLOPs matter. The FLOPs per token of a size, F(N) = C/D, is fitted as a power
+of N over the runs, so Approach 3's optimum at budget C is the N minimising L(N, C/F(N)).
+
+Intervals: resample the runs with replacement, refit, and take the 2.5th and 97.5th
+percentiles of each constant (a 95% percentile bootstrap).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import logsumexp
+
+HUBER_DELTA = 1e-3
+# 2^5 starting points; with N and D scaled to ~1, A/N^alpha at the geometric-mean size is
+# e^a, so a, b in {-2, 0.5} span terms of ~0.1 to ~2 nats.
+_START = dict(alpha=(0.25, 0.75), beta=(0.25, 0.75), a=(-2.0, 0.5), b=(-2.0, 0.5),
+              e=(-0.5, 1.0))
+
+
+def _arrays(runs, *keys):
+    return [np.array([float(r[k]) for r in runs]) for k in keys]
+
+
+def parabola_minimum(x, y):
+    """(x at the minimum of the least-squares parabola y ≈ c2 x² + c1 x + c0, its coefficients),
+    or None when the points do not make a valley (c2 <= 0) or are too few."""
+    if len(set(np.round(x, 12))) < 3:
+        return None
+    c2, c1, c0 = np.polyfit(x, y, 2)
+    if c2 <= 0:
+        return None
+    return -c1 / (2 * c2), (c2, c1, c0)
+
+
+def approach2(runs) -> dict | None:
+    """Per-budget minima and the power laws N_opt = k_N C^a, D_opt = k_D C^b; None unless at
+    least two budgets have a valley."""
+    budgets = {}
+    for C in sorted({r["C"] for r in runs}):
+        at = [r for r in runs if r["C"] == C]
+        N, D, loss = _arrays(at, "N", "D", "loss")
+        logN, logD = np.log(N), np.log(D)
+        n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
+        if n_min is None or d_min is None:
+            continue
+        budgets[C] = dict(N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
+                          loss_opt=float(np.polyval(n_min[1], n_min[0])), parabola=n_min[1],
+                          inside=bool(logN.min() <= n_min[0] <= logN.max()))
+    if len(budgets) < 2:
+        return None
+    logC = np.log(list(budgets))
+    a, log_kN = np.polyfit(logC, np.log([b["N_opt"] for b in budgets.values()]), 1)
+    b, log_kD = np.polyfit(logC, np.log([b["D_opt"] for b in budgets.values()]), 1)
+    return dict(budgets=budgets, a=float(a), b=float(b), kN=math.exp(log_kN),
+                kD=math.exp(log_kD))
+
+
+def approach2_optimum(f: dict, C: float):
+    """(N_opt, D_opt) at budget C from Approach 2's power laws."""
+    return f["kN"] * C ** f["a"], f["kD"] * C ** f["b"]
+
+
+def _huber(r, delta=HUBER_DELTA):
+    abs_r = np.abs(r)
+    return np.where(abs_r <= delta, 0.5 * r ** 2, delta * (abs_r - 0.5 * delta))
+
+
+def _objective(p, logN, logD, logL):
+    """The Huber loss of the log-loss residuals and its gradient in (a, b, e, alpha, beta)."""
+    a, b, e, alpha, beta = p
+    terms = np.stack([a - alpha * logN, b - beta * logD, np.full_like(logN, e)])
+    pred = logsumexp(terms, 0)
+    r = pred - logL
+    w = np.exp(terms - pred)  # d pred / d term: the softmax of the three terms
+    dr = np.clip(r, -HUBER_DELTA, HUBER_DELTA)  # the Huber loss's derivative
+    grad = np.array([np.sum(dr * w[0]), np.sum(dr * w[1]), np.sum(dr * w[2]),
+                     -np.sum(dr * w[0] * logN), -np.sum(dr * w[1] * logD)])
+    return float(np.sum(_huber(r))), grad
+
+
+def approach3(runs, starts=None) -> dict | None:
+    """L(N, D) = E + A/N^alpha + B/D^beta by Huber-on-log-loss with L-BFGS from every start;
+    None with fewer than 6 runs or fewer than 2 distinct N or D."""
+    N, D, L = _arrays(runs, "N", "D", "loss")
+    if len(N) < 6 or len(set(N)) < 2 or len(set(D)) < 2:
+        return None
+    sN, sD = np.exp(np.mean(np.log(N))), np.exp(np.mean(np.log(D)))
+    logN, logD, logL = np.log(N / sN), np.log(D / sD), np.log(L)
+    if starts is None:
+        starts = [(a, b, e, al, be) for al, be, a, b, e in itertools.product(
+            _START["alpha"], _START["beta"], _START["a"], _START["b"], _START["e"])]
+    best = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for p0 in starts:
+            res = minimize(_objective, np.array(p0, float), args=(logN, logD, logL),
+                           method="L-BFGS-B", jac=True,
+                           bounds=[(-20, 20), (-20, 20), (-5, 5), (0, 3), (0, 3)])
+            if best is None or res.fun < best.fun:
+                best = res
+    a, b, e, alpha, beta = best.x
+    return dict(E=math.exp(e), A=math.exp(a) * sN ** alpha, alpha=float(alpha),
+                B=math.exp(b) * sD ** beta, beta=float(beta), objective=float(best.fun),
+                start=tuple(float(v) for v in best.x), scales=(float(sN), float(sD)))
+
+
+def loss_nd(f: dict, N, D):
+    return f["E"] + f["A"] * np.asarray(N, float) ** -f["alpha"] + \
+        f["B"] * np.asarray(D, float) ** -f["beta"]
+
+
+def flops_per_token_law(runs) -> tuple[float, float]:
+    """(k, p) with training FLOPs per token ≈ k·N^p, fitted over the runs (C/D against N)."""
+    N, D, C = _arrays(runs, "N", "D", "C")
+    p, log_k = np.polyfit(np.log(N), np.log(C / D), 1)
+    return math.exp(log_k), float(p)
+
+
+def approach3_optimum(f: dict, C: float, cost: tuple[float, float]):
+    """(N_opt, D_opt, loss) at budget C: the N minimising L(N, C / F(N)), on a fine grid in
+    log N, then refined by a parabola through the best grid point and its neighbours."""
+    k, p = cost
+    logN = np.linspace(math.log(1e2), math.log(1e13), 4001)
+    N = np.exp(logN)
+    L = loss_nd(f, N, C / (k * N ** p))
+    i = int(np.clip(np.argmin(L), 1, len(N) - 2))
+    found = parabola_minimum(logN[i - 1:i + 2], L[i - 1:i + 2])
+    n_opt = math.exp(found[0]) if found else float(N[i])
+    d_opt = C / (k * n_opt ** p)
+    return n_opt, d_opt, float(loss_nd(f, n_opt, d_opt))
+
+
+def bootstrap(runs, n: int = 100, seed: int = 0, approach3_fit: dict | None = None):
+    """Refits of both approaches on `n` resamples of the runs (with replacement); a resample
+    that cannot be fitted is dropped. Approach 3 restarts from the full fit's optimum and a
+    few grid points, not the whole grid, to keep `n` refits affordable."""
+    rng = np.random.default_rng(seed)
+    starts = None
+    if approach3_fit is not None:
+        grid = list(itertools.product(_START["a"], _START["b"], _START["e"],
+                                      _START["alpha"], _START["beta"]))
+        starts = [approach3_fit["start"]] + [grid[i] for i in
+                                             rng.choice(len(grid), 2, replace=False)]
+    fits2, fits3 = [], []
+    for _ in range(n):
+        sample = [runs[i] for i in rng.integers(0, len(runs), len(runs))]
+        f2, f3 = approach2(sample), approach3(sample, starts)
+        if f2 is not None:
+            fits2.append(f2)
+        if f3 is not None:
+            fits3.append(f3)
+    return fits2, fits3
+
+
+def interval(values, level: float = 0.95):
+    """The percentile interval (lo, hi) of bootstrap values; (nan, nan) when there are none."""
+    values = np.asarray([v for v in values if np.isfinite(v)], float)
+    if len(values) == 0:
+        return math.nan, math.nan
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
