@@ -43,7 +43,7 @@ def test_a_saved_config_round_trips():
     ("train", "batch_size", 0, "train.batch_size"),
     ("sample", "top_p", 0.0, "sample.top_p"),
     ("sample", "temperature", -0.5, "sample.temperature"),
-    ("sample", "max_new_tokens", 500, "sample.max_new_tokens"),
+    ("sample", "max_new_tokens", 0, "sample.max_new_tokens"),
 ])
 def test_invalid_values_name_the_field(section, field, value, match):
     c = base_config()

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer.config import DECAY_SHAPES, SCHEDULES  # noqa: F401 - the choices live there
+from transformer.fields import DECAY_SHAPES, SCHEDULES  # noqa: F401 - the choices live there
 
 DECAYED = ("kernel", "embedding", "pos_embed")
 NOT_DECAYED = ("scale", "bias")
