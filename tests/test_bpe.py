@@ -44,12 +44,7 @@ def test_a_bpe_run_saves_its_tokenizer_in_the_checkpoint(tmp_path):
     c.train.update(steps=2, batch_size=2, log_every=1, eval_every=2, eval_batches=1,
                    ckpt_every=2, warmup_steps=0)
     c.sample.max_new_tokens = 8
-<<<<<<< HEAD
-    _, tok = training.train(c, tmp_path / "run", log=lambda _: None, progress=False)
-=======
     _, tok = run.train(c, tmp_path / "run", log=lambda _: None, progress=False)
-    assert c.model.vocab_size == tok.vocab_size  # taken from the tokenizer
->>>>>>> multihost
     meta = checkpoint.Checkpoints(tmp_path / "run", read_only=True).read_meta()
     assert meta["config"]["model"]["vocab_size"] == tok.vocab_size  # taken from the tokenizer
     assert c.model.vocab_size == 0  # in the saved run's config, not the caller's
