@@ -39,7 +39,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, config as config_lib, data, decode, fastdense, flops, metrics, training
+from transformer import cli, config as config_lib, data, decode, flops, kernels, metrics, training
 from transformer.config import ModelConfig
 
 _HERE = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     peak_bf16, source_bf16 = metrics.peak_flops("bfloat16")
     out.update(peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16, peak_source=source_f32)
 
-    # On CPU the modes are the fast path's (fastdense.py); on GPU/TPU XLA's own kernels and
+    # On CPU the modes are the fast path's (kernels/); on GPU/TPU XLA's own kernels and
     # autodiff, with bfloat16 compute (model.dtype) for the mixed mode.
     on_cpu = jax.devices()[0].platform == "cpu"
     mode_matmul = {"f32": f32_matmul if on_cpu else "plain",
@@ -297,7 +297,7 @@ def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt
     for batch in (1, 8):
         counter.phase = "other"
         # What the decode loop actually runs at this batch (one row keeps float32 weights).
-        out[f"decode_matmul_b{batch}"] = fastdense.decode_setup(dec_config, {}, batch)[0].matmul
+        out[f"decode_matmul_b{batch}"] = kernels.decode_matmul(dec_config, batch)
         ours_dec = OurDecoding(dec_config, params, batch, prompt_len, new_tokens, counter)
         counter.phase = f"decode_b{batch}"
         log(f"compiling decode, batch {batch}")

@@ -28,7 +28,7 @@ MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
-MATMUL = ("auto", "plain", "fast_f32", "fast_bf16")  # see transformer/fastdense.py
+MATMUL = ("auto", "plain", "fast_f32", "fast_bf16")  # see transformer/kernels/
 
 
 class ConfigError(ValueError):
@@ -60,7 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
                                     # else grouped-query (must divide n_heads)
     c.model.sliding_window = 0      # 0: full causal attention; w: attend to the last w positions
     c.model.attention_kernel = "einsum"  # einsum (reference) | jax (jax.nn.dot_product_attention)
-    c.model.matmul = "auto"         # auto | plain | fast_f32 | fast_bf16 (see fastdense.py);
+    c.model.matmul = "auto"         # auto | plain | fast_f32 | fast_bf16 (see kernels/);
                                     # auto: fast_bf16 on CPU, plain on GPU/TPU
 
     c.data = ml_collections.ConfigDict()

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import fastdense, kvcache, sampling, sharding
+from transformer import kernels, kvcache, sampling, sharding
 from transformer.config import ModelConfig
 from transformer.model import GPT, unstack_layers
 
@@ -97,7 +97,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
-    config, params = fastdense.decode_setup(config, params, B)  # bf16 kernels, or not
+    config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
 
     # One key per token, split before the loop. Inside it they become counter-based
     # (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a while loop, and a loop nested in the

@@ -31,6 +31,7 @@ from jax.experimental import multihost_utils
 
 from transformer import (checkpoint, config as config_lib, data, faults, flops, inspect, resume,
                          sharding, signals)
+from transformer import kernels
 from transformer.config import ConfigError, ModelConfig
 from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
@@ -83,9 +84,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer):
 
 def compute_precision(model_config: ModelConfig) -> str:
     """The dtype the matmuls run in, for choosing the peak that MFU divides by."""
-    if model_config.matmul == "fast_bf16" or model_config.dtype == "bfloat16":
-        return "bfloat16"
-    return "float32"
+    return kernels.compute_dtype(model_config)
 
 
 def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:
