@@ -3,18 +3,22 @@
     python sample.py --workdir=runs/tiny --prompt="def " --max_new_tokens=200 \
         --temperature=0.8 --top_k=40 --top_p=0.95 --num_samples=3 --seed=0
 
+    python sample.py --hf=path/to/gpt2 --prompt="Hello" --temperature=0   # a Hugging Face folder
+
 --temperature=0 is greedy decoding. All samples are decoded together in one batch.
 """
 
 import jax
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib, generate
+from transformer import checkpoint, cli, config as config_lib, generate, hf_import
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import init_params
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
+_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 folder "
+                          "(config.json + model.safetensors; docs/huggingface.md).")
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Text to continue.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per sample "
                                  "(default: 200, or what the context leaves after the prompt).")
@@ -32,14 +36,19 @@ def main(argv):
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     if _NUM_SAMPLES.value < 1:
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
-    ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
-    # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
-    # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
-    found = ckpts.restore_good(_abstract_params, step=_STEP.value)
-    step, meta, params = found.step, found.meta, found.params
-    config = config_lib.from_dict(meta["config"])
-    model_config = ModelConfig.from_config(config)
-    tokenizer = tokenizers.from_json(meta["tokenizer"])
+    if (_WORKDIR.value is None) == (_HF.value is None):
+        cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    if _HF.value is not None:
+        model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
+        step = "hf"
+    else:
+        ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
+        # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
+        # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
+        found = ckpts.restore_good(_abstract_params, step=_STEP.value)
+        step, meta, params = found.step, found.meta, found.params
+        model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+        tokenizer = tokenizers.from_json(meta["tokenizer"])
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
     max_new = _MAX_NEW.value

@@ -87,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.ckpt_every = 500
     c.train.keep_checkpoints = 3
     c.train.nonfinite = "stop"      # stop | skip: what a NaN/inf loss or gradient does
+    c.train.init_from = ""          # a Hugging Face GPT-2 folder or .safetensors file to start
+                                    # from instead of random weights (docs/huggingface.md)
 
     # The device mesh: sizes of its three axes, -1 = all remaining devices (see sharding.py).
     # data x fsdp x tensor must equal the device count; the default puts every device on data.
@@ -257,6 +259,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             _fail(f"train.{field}", t[field], "must be a positive integer")
     if t.nonfinite not in NONFINITE:
         _fail("train.nonfinite", t.nonfinite, f"must be one of {', '.join(NONFINITE)}")
+    if t.init_from and not _is_weights(t.init_from):
+        _fail("train.init_from", t.init_from, "must be a folder holding model.safetensors, "
+              "or a .safetensors file ('' starts from random weights)")
     if t.warmup_steps < 0:
         _fail("train.warmup_steps", t.warmup_steps, "must be >= 0")
     if t.lr <= 0:
@@ -283,6 +288,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, m.max_seq_len,
                    prefix="sample.")
     return config
+
+
+def _is_weights(path: str) -> bool:
+    from pathlib import Path
+    p = Path(path).expanduser()
+    return (p / "model.safetensors").is_file() or (p.is_file() and p.suffix == ".safetensors")
 
 
 def check_sampling(temperature, top_k, top_p, max_new_tokens, max_seq_len, prefix=""):

@@ -29,9 +29,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from transformer import (checkpoint, config as config_lib, data, faults, flops, inspect, resume,
-                         sharding, signals)
-from transformer import kernels
+from transformer import (checkpoint, config as config_lib, data, faults, flops, hf_import,
+                         inspect, kernels, resume, sharding, signals)
 from transformer.config import ConfigError, ModelConfig
 from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
@@ -243,7 +242,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     workdir = Path(workdir)
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     found, damaged = find_checkpoint(workdir, config, mesh)
-    saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"]) if found else None
+    saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
+                       else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     resolve(config, tokenizer)
     if found:
@@ -260,7 +260,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     t = config.train
     metrics_log = MetricsLog(workdir, enabled=main_process)
     if found is None:
-        state, skipped = trainer.init(t.seed), 0
+        state, skipped = hf_import.fresh_state(trainer, t.seed), 0  # random, or train.init_from
     else:
         state = TrainState(found.train["step"], found.params, found.train["opt_state"])
         if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):

@@ -1,0 +1,263 @@
+"""Hugging Face interchange: exported runs compute in `transformers` what they compute here,
+imported GPT-2s compute here what they compute in `transformers`, and what cannot map is
+refused in one line with nothing written. Everything stays offline (local folders only)."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # from_pretrained on a local path; never the network
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from conftest import run_cli
+from transformer import (checkpoint, config as config_lib, decode, export, hf, hf_import,
+                         hf_weights, training)
+from transformer.config import ModelConfig
+from transformer.data import tokenizers
+from transformer.model import GPT, init_params, unstack_layers
+
+TOL = 1e-4
+BASE = dict(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=128)
+VARIANTS = {
+    "gpt2_tied": {},
+    "gpt2_untied": dict(tie_embeddings=False),
+    "gpt2_relu": dict(mlp="relu"),
+    "gpt2_scanned": dict(scan_layers=True),
+    "llama_gqa_untied": dict(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_heads=2,
+                             tie_embeddings=False),
+    "llama_tied": dict(position="rope", norm="rmsnorm", mlp="swiglu"),
+}
+
+
+def random_params(mc, seed=0, scale=0.3):
+    """Init params with every leaf moved by noise: biases and norm gains away from 0 and 1,
+    so a bias or gain mapped to the wrong place cannot hide."""
+    params = init_params(mc, jax.random.key(seed))
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) / (
+        x.shape[-1] ** 0.5 if x.ndim > 1 else 3) for x, k in zip(leaves, keys)])
+
+
+def our_logits(mc, params, tokens):
+    return np.asarray(GPT(mc).apply({"params": params}, jnp.asarray(tokens)))
+
+
+def hf_logits(model, tokens):
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
+
+
+def tokens(mc, T=40, B=2, seed=0):
+    return np.random.default_rng(seed).integers(0, mc.vocab_size, (B, T))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
+    mc = ModelConfig(**BASE, **VARIANTS[name])
+    params = random_params(mc)
+    out = export.write_folder(mc, params, tokenizers.ByteTokenizer(), tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    expected = "GPT2LMHeadModel" if mc.position == "learned" else "LlamaForCausalLM"
+    assert type(model).__name__ == expected
+    x = tokens(mc)
+    np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params, x), atol=TOL, rtol=0)
+    # ... and importing the export gives back exactly the parameters that went in.
+    mc_back, params_back, _ = hf_import.load_pretrained(out)
+    assert mc_back.mlp_hidden == mc.mlp_hidden  # swiglu's d_ff is known only through it
+    assert dataclasses.replace(mc_back, d_ff=mc.d_ff) == dataclasses.replace(mc, scan_layers=False)
+    params = unstack_layers(params, mc.n_layers)
+    assert jax.tree.structure(params_back) == jax.tree.structure(params)
+    for leaf, back in zip(jax.tree.leaves(params), jax.tree.leaves(params_back)):
+        np.testing.assert_array_equal(back, np.asarray(leaf))
+
+
+def hf_gpt2(tmp_path, tie=True, seed=0):
+    """A random GPT2LMHeadModel saved locally, with its biases and norm gains randomised."""
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=320, n_embd=32, n_layer=2, n_head=4, n_inner=48,
+                                  n_positions=64, tie_word_embeddings=tie, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "gpt2")
+    return model, tmp_path / "gpt2"
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_imported_gpt2_gives_hf_logits(tie, tmp_path):
+    model, folder = hf_gpt2(tmp_path, tie)
+    mc, params, tok = hf_import.load_pretrained(folder)
+    assert (mc.vocab_size, mc.d_ff, mc.tie_embeddings) == (320, 48, tie)
+    x = tokens(mc, T=64)
+    np.testing.assert_allclose(our_logits(mc, params, x), hf_logits(model, x), atol=TOL, rtol=0)
+
+
+def test_greedy_sample_equals_hf_generate(tmp_path):
+    """sample.py --hf (temperature 0) and HF generate(do_sample=False): the same 100 tokens."""
+    mc = ModelConfig(**BASE)
+    out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
+                              tmp_path / "hf")
+    prompt = "def main():"
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([list(prompt.encode())]), do_sample=False,
+                             max_new_tokens=100, min_new_tokens=100, pad_token_id=0)
+    theirs = ids[0, len(prompt):].tolist()
+    mc2, params, tok = hf_import.load_pretrained(out)
+    ours = decode.generate(mc2, params, [tok.encode(prompt)], max_new_tokens=100,
+                           temperature=0.0)[0]
+    assert ours == theirs
+    result = run_cli("sample.py", f"--hf={out}", f"--prompt={prompt}", "--temperature=0",
+                     "--max_new_tokens=100")
+    assert result.returncode == 0, result.stderr
+    assert tokenizers.ByteTokenizer().decode(theirs) in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
+    text = "def f(x):\n    return x  # héllo, 世界\n" * 20
+    tok = tokenizers.build(kind, text, 300)
+    mc = ModelConfig(**{**BASE, "vocab_size": max(256, tok.vocab_size)})
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    sample = "return f(x)  # 世界\n"
+    assert theirs.encode(sample) == tok.encode(sample)
+    assert theirs.decode(tok.encode(sample)) == sample
+
+
+def save_run(workdir, config, params):
+    config_lib.validate(config)
+    ckpts = checkpoint.Checkpoints(workdir)
+    ckpts.save(1, params, {"step": jnp.int32(1)},
+               {"config": config_lib.to_dict(config),
+                "tokenizer": tokenizers.ByteTokenizer().to_json(), "step": 1})
+    ckpts.wait()
+    ckpts.close()
+
+
+def run_config(**model):
+    config = config_lib.base_config()
+    config.model.update(**BASE, matmul="plain", **model)  # plain: float32, HF's numbers
+    return config
+
+
+def test_export_cli_writes_a_loadable_folder(tmp_path):
+    config = run_config()
+    mc = ModelConfig.from_config(config)
+    params = random_params(mc)
+    save_run(tmp_path / "run", config, params)
+    result = run_cli("-m", "transformer.export", f"--workdir={tmp_path / 'run'}",
+                     f"--out={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    x = tokens(mc)
+    np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params, x), atol=TOL, rtol=0)
+
+
+def test_export_cli_refuses_unsupported_variant_writing_nothing(tmp_path):
+    config = run_config(norm_placement="post")
+    save_run(tmp_path / "run", config, random_params(ModelConfig.from_config(config)))
+    result = run_cli("-m", "transformer.export", f"--workdir={tmp_path / 'run'}",
+                     f"--out={tmp_path / 'hf' / 'x'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "model.norm_placement" in result.stderr
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("field, value", [("norm", "rmsnorm"), ("mlp", "swiglu"),
+                                          ("n_kv_heads", 2), ("sliding_window", 16)])
+def test_unsupported_variants_name_the_field(field, value, tmp_path):
+    mc = ModelConfig(**{**BASE, field: value})
+    with pytest.raises(hf.HFError, match=f"model.{field}="):
+        export.write_folder(mc, init_params(mc, jax.random.key(0)), tokenizers.ByteTokenizer(),
+                            tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_init_from_starts_training_from_the_hf_weights(tmp_path):
+    model, folder = hf_gpt2(tmp_path, tie=False)
+    config = config_lib.base_config()
+    config.model.update(vocab_size=0, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=64,
+                        tie_embeddings=False, scan_layers=True, matmul="plain")
+    config.data.update(corpus="random")
+    config.sample.max_new_tokens = 40
+    config.train.update(init_from=str(folder), steps=1, batch_size=2, lr=1e-9, warmup_steps=0,
+                        eval_every=1, eval_batches=1, ckpt_every=1, log_every=1)
+    config_lib.validate(config)
+    assert hf_import.prepare(config) is None  # no tokenizer.json: data.tokenizer decides
+    assert config.model.vocab_size == 320  # 0: taken from the weights
+    trainer = training.Trainer.build(config)
+    state = hf_import.fresh_state(trainer, seed=0)
+    assert jax.tree.structure(state) == jax.tree.structure(trainer.abstract_state())
+    for leaf, want in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.abstract_state())):
+        assert leaf.sharding == want.sharding
+    mc = dataclasses.replace(trainer.model_config, scan_layers=False)
+    x = tokens(mc, T=64)
+    params = unstack_layers(state.params, mc.n_layers)
+    np.testing.assert_allclose(our_logits(mc, params, x), hf_logits(model, x), atol=TOL, rtol=0)
+    state, _ = training.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    assert int(state.step) == 1
+
+
+def test_init_from_refuses_a_mismatched_shape_writing_nothing(tmp_path):
+    _, folder = hf_gpt2(tmp_path)
+    config = config_lib.base_config()
+    config.model.update(vocab_size=320, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                        max_seq_len=64)
+    config.data.corpus = "random"
+    config.sample.max_new_tokens = 40
+    config.train.init_from = str(folder)
+    with pytest.raises(hf.HFError) as error:
+        training.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    message = str(error.value)
+    assert "\n" not in message and "transformer.h.0.mlp.c_fc.weight" in message
+    assert "(32, 48)" in message and "(32, 64)" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_reads_a_bare_safetensors_file(tmp_path):
+    """A .safetensors file named like a bare GPT2Model's (no "transformer." prefix), with the
+    causal-mask buffers old GPT-2 files carry, starts a run with exactly its weights."""
+    from safetensors.numpy import save_file
+
+    config = run_config(scan_layers=True)
+    mc = ModelConfig.from_config(config)
+    params = random_params(dataclasses.replace(mc, scan_layers=False))
+    tensors = hf_weights.to_hf(mc, params)
+    bare = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    bare["h.0.attn.bias"] = np.tril(np.ones((1, 1, 128, 128), np.float32))
+    save_file(bare, str(tmp_path / "w.safetensors"))
+    config.train.init_from = str(tmp_path / "w.safetensors")
+    loaded = hf_import.init_params(config_lib.validate(config))
+    assert "blocks" in loaded  # the scanned layout training uses for this config
+    loaded = unstack_layers(loaded, mc.n_layers)
+    for want, got in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+
+@pytest.mark.parametrize("key, value", [("activation_function", "gelu"),
+                                        ("layer_norm_epsilon", 1e-6),
+                                        ("scale_attn_by_inverse_layer_idx", True),
+                                        ("model_type", "bert")])
+def test_hf_configs_we_compute_differently_are_refused(key, value):
+    cfg = {"model_type": "gpt2", "vocab_size": 320, "n_embd": 32, "n_layer": 2, "n_head": 4,
+           key: value}
+    with pytest.raises(hf.HFError, match=key):
+        hf.model_config_from_hf(cfg, "--hf=x")
+
+
+def test_init_from_config_check_names_the_field(tmp_path):
+    config = run_config()
+    config.train.init_from = str(tmp_path / "missing")
+    with pytest.raises(config_lib.ConfigError, match="train.init_from="):
+        config_lib.validate(config)
