@@ -203,7 +203,7 @@ class PeerModel:
 PRECISION = {"f32": "float32", "bf16": "bfloat16"}  # --modes -> what the matmuls take in
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """How much to measure (the command line's flags)."""
 
@@ -312,14 +312,13 @@ def _decode(dec_config, params, batch, counter, peer_dec, s: Settings, log) -> D
             peer_times.append(peer_dec.generate(ours.prompt_BP, s.new_tokens))
             peer_prefill.append(peer_dec.generate(ours.prompt_BP, 1))
     counter.phase = "other"
-    figures = DecodeFigures(kernels.decode_matmul(dec_config, batch), compile_s,
-                            batch * s.new_tokens / np.median(times), Spread.of(times),
-                            Spread.of(prefill))
+    peer = {}
     if peer_dec:
-        figures.peer_tokens_per_s = batch * s.new_tokens / np.median(peer_times)
-        figures.peer_decode_s, figures.peer_prefill_s = Spread.of(peer_times), Spread.of(
-            peer_prefill)
-    return figures
+        peer = dict(peer_tokens_per_s=batch * s.new_tokens / np.median(peer_times),
+                    peer_decode_s=Spread.of(peer_times), peer_prefill_s=Spread.of(peer_prefill))
+    return DecodeFigures(kernels.decode_matmul(dec_config, batch), compile_s,
+                         batch * s.new_tokens / np.median(times), Spread.of(times),
+                         Spread.of(prefill), **peer)
 
 
 def _device_peak_memory_mb() -> float | None:
