@@ -5,13 +5,18 @@
 
     python sample.py --hf=path/to/gpt2 --prompt="Hello" --temperature=0   # a Hugging Face folder
 
---temperature=0 is greedy decoding. All samples are decoded together in one batch.
+--temperature=0 is greedy decoding. All samples are decoded together in one batch. Any
+--max_new_tokens works: past the model's context, generation goes on from the most recent
+tokens (docs/sampling.md). One sample is printed as it is produced; --no_stream prints it
+when complete (several samples are always printed when complete).
 """
+
+import sys
 
 import jax
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib, generate, hf_import
+from transformer import checkpoint, cli, config as config_lib, hf_import, matmul_auto, textgen
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import init_params
@@ -20,8 +25,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
 _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 folder "
                           "(config.json + model.safetensors; docs/huggingface.md).")
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Text to continue.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per sample "
-                                 "(default: 200, or what the context leaves after the prompt).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample "
+                                 "(any number: the context is not a limit).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "0 is greedy; higher is more random.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Keep the k most likely tokens (0: all).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Keep the smallest set with this much probability.")
@@ -29,6 +34,8 @@ _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 _STOP = flags.DEFINE_string("stop", None, "End a sample at this token (e.g. a newline).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_NO_STREAM = flags.DEFINE_boolean("no_stream", False, "Print a sample when it is complete, "
+                                  "not as it is produced.")
 
 
 def main(argv):
@@ -47,21 +54,42 @@ def main(argv):
         # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
         found = ckpts.restore_good(_abstract_params, step=_STEP.value)
         step, meta, params = found.step, found.meta, found.params
-        model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+        # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
+        config, _ = matmul_auto.resolve(config_lib.from_dict(meta["config"]))
+        model_config = ModelConfig.from_config(config)
         tokenizer = tokenizers.from_json(meta["tokenizer"])
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
-    max_new = _MAX_NEW.value
-    if max_new is None:
-        max_new = min(200, model_config.max_seq_len - max(1, len(tokenizer.encode(_PROMPT.value))))
-    config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, max_new,
+    config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value,
                               model_config.max_seq_len)
-    texts = generate.sample_text(
+    stream = _NUM_SAMPLES.value == 1 and not _NO_STREAM.value
+    printer = _StreamPrinter(f"--- sample 0 (step {step}) ---\n{_PROMPT.value}")
+    texts = textgen.sample_text(
         model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
-        max_new_tokens=max_new, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-        top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value)
+        max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+        top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value,
+        on_text=printer if stream else None)
+    if stream:
+        printer.close()
+        return
     for i, text in enumerate(texts):
         print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+
+
+class _StreamPrinter:
+    """Writes the header with the first piece of text (nothing is printed for a prompt that
+    turns out to be unusable), then each piece as it comes."""
+
+    def __init__(self, header):
+        self.header = header
+
+    def __call__(self, text):
+        sys.stdout.write(self.header + text)
+        sys.stdout.flush()
+        self.header = ""
+
+    def close(self):
+        print(self.header)
 
 
 def _abstract_params(meta):

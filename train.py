@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 import jax
 
-from transformer import cli, config as config_lib, generate, sharding, training
+from transformer import cli, config as config_lib, sharding, textgen, training
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -68,9 +68,10 @@ def main(argv):
     mesh = sharding.make_mesh(config.mesh)
     state, tokenizer = training.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
                                       allow_change=_ALLOW_CHANGE.value)
+    config = training.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:
-        [text] = generate.sample_text(
+        [text] = textgen.sample_text(
             training.ModelConfig.from_config(config), state.params, tokenizer, s.prompt,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
             top_p=s.top_p, seed=config.train.seed, mesh=mesh, rules=sharding.axis_rules(config))

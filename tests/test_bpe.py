@@ -45,7 +45,8 @@ def test_a_bpe_run_saves_its_tokenizer_in_the_checkpoint(tmp_path):
                    ckpt_every=2, warmup_steps=0)
     c.sample.max_new_tokens = 8
     _, tok = training.train(c, tmp_path / "run", log=lambda _: None, progress=False)
-    assert c.model.vocab_size == tok.vocab_size  # taken from the tokenizer
     meta = checkpoint.Checkpoints(tmp_path / "run", read_only=True).read_meta()
+    assert meta["config"]["model"]["vocab_size"] == tok.vocab_size  # taken from the tokenizer
+    assert c.model.vocab_size == 0  # in the saved run's config, not the caller's
     saved = tokenizers.from_json(meta["tokenizer"])
     assert saved.kind == "bpe" and saved.encode(TEXT[:100]) == tok.encode(TEXT[:100])

@@ -70,12 +70,13 @@ def _naive_greedy(config, params, prompt, n):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_greedy_scan_decoding_equals_naive_full_recompute(tiny_config, tiny_params, scan_layers):
+def test_greedy_decoding_within_the_context_equals_naive_full_recompute(tiny_config, tiny_params, scan_layers):
     config, params = tiny_config, tiny_params
     if scan_layers:
         config = dataclasses.replace(tiny_config, scan_layers=True)
         params = stack_layers(tiny_params, tiny_config.n_layers)
-    # 40 new tokens after a 16-slot bucket run through caches of 32 and 64 slots (segments).
+    # 40 new tokens after a 16-slot bucket run through caches of 32 and 64 slots (segments);
+    # test_window.py goes past the context.
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [42]]
     out = decode.generate(config, params, prompts, max_new_tokens=40, temperature=0.0)
     for prompt, tokens in zip(prompts, out):
@@ -93,16 +94,16 @@ def test_a_batch_of_one_decodes_like_a_row_of_a_batch(tiny_config, tiny_params):
     assert in_batch[0] == alone[0]
 
 
-@pytest.mark.parametrize("P,new,S", [(16, 8, 64), (16, 49, 64), (32, 200, 512), (16, 1, 64),
-                                     (64, 400, 505), (256, 257, 512)])
-def test_decode_segments_cover_every_step_with_room_for_its_slot(P, new, S):
-    pieces = decode.segments(P, new, S)
-    steps = [i for first, stop, _ in pieces for i in range(first, stop)]
-    assert steps == list(range(new - 1))  # every scan step once, in order
-    for first, stop, length in pieces:
-        assert first < stop and P + stop <= length <= S  # the last slot written fits
-        assert length == S or (length & (length - 1) == 0 and length < 2 * (P + stop))
-    assert len(pieces) <= int(np.log2(S)) + 1  # a handful of scans, not one per token
+@pytest.mark.parametrize("P,S", [(16, 64), (16, 512), (64, 505), (256, 512), (64, 64)])
+def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
+    pieces = decode.fill_segments(P, S)
+    slots = [s for i, (first, length) in enumerate(pieces)
+             for s in range(first, pieces[i + 1][0] if i + 1 < len(pieces) else S)]
+    assert slots == list(range(P, S))  # every slot written once, in order
+    for first, length in pieces:
+        assert first < length <= S
+        assert length == S or (length & (length - 1) == 0 and length < 2 * (first + 1))
+    assert len(pieces) <= int(np.log2(S)) + 1  # a handful of loops, not one per token
 
 
 def test_sampling_knobs_seed_and_prompt_do_not_recompile(tiny_config, tiny_params):
@@ -119,22 +120,59 @@ def test_sampling_knobs_seed_and_prompt_do_not_recompile(tiny_config, tiny_param
     assert counter.count == 0
 
 
-def test_prompt_lengths_share_a_handful_of_buckets():
-    buckets = {decode.prompt_bucket(n, 8, 512) for n in range(1, 505)}
+def test_prompt_lengths_and_token_counts_share_a_handful_of_buckets():
+    buckets = {decode.prompt_bucket(n, 505) for n in range(1, 506)}
     assert buckets == {16, 32, 64, 128, 256, 505}
-    assert all(decode.prompt_bucket(n, 8, 512) >= n for n in range(1, 505))
+    assert all(decode.prompt_bucket(n, 505) >= n for n in range(1, 506))
+    assert {decode.token_budget(n) for n in range(1, 2049)} == {2 ** k for k in range(4, 12)}
 
 
-def test_generation_stops_at_end_token(tiny_config, tiny_params):
+def test_lengths_in_one_budget_share_one_program(tiny_config, tiny_params):
+    """The length is traced: 100 and 120 tokens (budget 128, past the 64-token context) run
+    the same compiled program."""
+    decode.generate(tiny_config, tiny_params, [[1, 2, 3]], max_new_tokens=100, temperature=0.0)
+    counter = CompileCounter()
+    try:
+        out = decode.generate(tiny_config, tiny_params, [[4, 5]], max_new_tokens=120,
+                              temperature=0.5, seed=2)
+    finally:
+        counter.close()
+    assert counter.count == 0 and len(out[0]) == 120
+
+
+def test_the_first_tokens_do_not_depend_on_how_many_are_asked_for(tiny_config, tiny_params):
+    kwargs = dict(temperature=1.0, top_k=20, seed=7)
+    short = decode.generate(tiny_config, tiny_params, [[1, 2, 3]], max_new_tokens=60, **kwargs)
+    long = decode.generate(tiny_config, tiny_params, [[1, 2, 3]], max_new_tokens=600, **kwargs)
+    assert len(long[0]) == 600 and short[0][:50] == long[0][:50]
+
+
+def test_generation_stops_in_the_loop_at_the_end_token(tiny_config, tiny_params):
+    """The end token is a later token (not the first), in one row of two: that row ends
+    there, the other runs on; with a single row the loop itself stops (no more steps)."""
     prompts = [[1, 2, 3], [7, 8]]
-    free = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=10, temperature=0.0)
-    eos = free[0][3]
-    cut = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=10, temperature=0.0,
-                          eos_id=eos)
-    for row_free, row_cut in zip(free, cut):
-        expected = row_free[: row_free.index(eos)] if eos in row_free else row_free
-        assert row_cut == expected
-    assert len(cut[0]) == free[0].index(eos)
+    free = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=100,
+                           temperature=1.0, seed=3)
+    k = next(k for k in range(5, 100) if free[0][k] not in free[0][:k]
+             and free[0][k] not in free[1])
+    eos = free[0][k]
+    cut = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=100,
+                          temperature=1.0, seed=3, eos_id=eos)
+    assert cut == [free[0][:k], free[1]]
+    steps = []
+    alone = decode.generate(tiny_config, tiny_params, prompts[:1], max_new_tokens=100,
+                            temperature=1.0, seed=3, eos_id=eos,
+                            on_tokens=lambda i, tokens_B, done_B: steps.append(i))
+    assert alone == [free[0][:k]] and steps == list(range(k + 1))
+
+
+def test_a_prompt_longer_than_the_context_continues_from_its_last_tokens(tiny_config,
+                                                                         tiny_params):
+    long_prompt = [(7 * i) % 64 for i in range(150)]
+    out = decode.generate(tiny_config, tiny_params, [long_prompt], max_new_tokens=20,
+                          temperature=0.0)
+    assert out == decode.generate(tiny_config, tiny_params, [long_prompt[-64:]],
+                                  max_new_tokens=20, temperature=0.0)
 
 
 def test_tokens_after_the_end_token_are_padding(tiny_config, tiny_params):
@@ -153,11 +191,18 @@ def test_tokens_after_the_end_token_are_padding(tiny_config, tiny_params):
     assert all(t == decode.PAD_ID for t in row[first + 1:])
 
 
-@pytest.mark.parametrize("prompts,new,match", [
-    ([[]], 4, "empty"),
-    ([list(range(64))], 1, "context holds 64"),
-    ([list(range(60))], 8, "at most 4 new tokens"),
+@pytest.mark.parametrize("prompts,kwargs,match", [
+    ([[]], {}, "prompt 0 is empty"),
+    ([], {}, "no prompts"),
+    ([[1, 64]], {}, "token id 64"),
+    ([[1]], {"max_new_tokens": 0}, "max_new_tokens=0"),
+    ([[1]], {"top_p": 0.0}, "top_p=0.0"),
+    ([[1]], {"top_p": 1.5}, "top_p=1.5"),
+    ([[1]], {"top_k": -1}, "top_k=-1"),
+    ([[1]], {"temperature": -0.5}, "temperature=-0.5"),
+    ([[1]], {"eos_id": 64}, "eos_id=64"),
 ])
-def test_bad_prompts_are_refused(tiny_config, tiny_params, prompts, new, match):
-    with pytest.raises(decode.PromptError, match=match):
-        decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=new)
+def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kwargs, match):
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(decode.GenerationError, match=match):
+        decode.generate(tiny_config, tiny_params, prompts, **kwargs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from transformer import flops, inspect
+from transformer import flops, sizes
 from transformer.config import ModelConfig
 from transformer.model import count_params, init_params
 
@@ -34,7 +34,7 @@ SMALL = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256,
 def test_counts_equal_the_initialised_parameters(config):
     real = count_params(init_params(config, jax.random.key(0)))
     assert flops.param_counts(config)["total"] == real
-    assert inspect.real_param_count(config) == real  # eval_shape: same count, no memory
+    assert sizes.real_param_count(config) == real  # eval_shape: same count, no memory
 
 
 def test_components_by_hand_for_a_small_config():
@@ -70,7 +70,7 @@ def test_kv_cache_and_activation_bytes():
 
 
 def test_gpt3_175b_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "transformer.inspect",
+    out = subprocess.run([sys.executable, "-m", "transformer.sizes",
                           "--config=configs/gpt3_175b.py", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -83,11 +83,11 @@ def test_gpt3_175b_from_the_command_line():
     assert report["kv_cache_bytes_per_token"] == 2 * 96 * 12288 * 2
 
 
-def test_inspect_text_and_errors():
-    text = subprocess.run([sys.executable, "-m", "transformer.inspect",
+def test_sizes_text_and_errors():
+    text = subprocess.run([sys.executable, "-m", "transformer.sizes",
                            "--config=configs/tiny.py"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert text.returncode == 0 and "non-embedding" in text.stdout and "KV cache" in text.stdout
-    missing = subprocess.run([sys.executable, "-m", "transformer.inspect"], cwd=ROOT,
+    missing = subprocess.run([sys.executable, "-m", "transformer.sizes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and missing.stderr.startswith("error: --config")

@@ -66,3 +66,21 @@ def test_filters_compose_and_are_traced_values(logits):
             assert np.all(kept.sum(-1) <= k)
         assert np.all(kept.sum(-1) >= 1)
     assert f._cache_size() == 1
+
+
+def test_top_p_one_keeps_every_token_of_a_large_vocabulary():
+    """A float32 running sum reaches its total long before the end of 50,257 tokens when one
+    token holds nearly all the mass: "mass before < 1" then dropped the tail."""
+    V_large = 50257
+    logits = jnp.concatenate([jnp.array([[12.0]]),
+                              -jnp.linspace(0.0, 5.0, V_large - 1)[None]], axis=1)
+    kept = np.isfinite(np.asarray(filter_logits(logits, 1.0, 0, 1.0)))
+    assert kept.all()
+    # p just below 1 keeps the head and cuts at the mass it names, not at a rounding artefact
+    kept_p = np.isfinite(np.asarray(filter_logits(logits, 1.0, 0, 0.9)))
+    assert kept_p[0, 0] and 0 < kept_p.sum() < V_large
+
+
+def test_top_k_zero_and_top_p_one_filter_nothing(logits):
+    scaled = np.asarray(filter_logits(logits, 0.5, 0, 1.0))
+    np.testing.assert_allclose(scaled, np.asarray(logits) / 0.5, rtol=1e-6)

@@ -20,7 +20,8 @@ from transformer.data import batches
 from transformer.model import GPT, init_params, stack_layers
 
 V, T = 16, 16
-SMALL = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=T)
+SMALL = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=T,
+                    matmul="plain")  # float32 reference arithmetic: the 1e-5 checks below
 
 VARIANTS = {
     "default": {},

@@ -17,7 +17,8 @@ from transformer.model import init_params, stack_layers
 from transformer.visualize import load_run, look_inside, token_labels
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
+                    matmul="plain")  # float32 reference arithmetic, as the NumPy check
 
 
 @pytest.mark.parametrize("kw", [{}, dict(sliding_window=3, n_kv_heads=2, position="rope",

@@ -41,21 +41,28 @@ def causal_mask(T: int, window: int = 0) -> jnp.ndarray:
     return mask_TxT[None, None]
 
 
-def cache_mask(start_B: jnp.ndarray, index, T: int, S: int, window: int = 0) -> jnp.ndarray:
+def cache_mask(start_B: jnp.ndarray, index, T: int, S: int, window: int = 0,
+               ring: int | None = None) -> jnp.ndarray:
     """Which cache slots each new query may see.
 
-    The T new tokens sit in slots index .. index+T-1 of an S-slot cache. Row b's prompt was
-    left-padded, so its real tokens start at slot start_B[b]. Query t sees slot j when
-    start_B[b] <= j <= index + t: filled, not padding, not in the future; with a sliding
-    window w > 0 also index + t - j < w. Returns mask_Bx1xTxS.
+    The T new tokens are the text's tokens index .. index+T-1 (counted in slots, padding
+    included); token n sits in slot n mod `ring` of a cache of `ring` slots (default S),
+    of which the first S are given. Row b's prompt was left-padded, so its real tokens start
+    at token start_B[b]. Query t (token q = index + t) sees slot j when the token now held
+    there, a = q - ((q - j) mod ring), is real and not in the future: start_B[b] <= a <= q;
+    with a sliding window w > 0 also q - a < w. Before the cache wraps, a = j for j <= q
+    (and a < 0, unseen, for the empty slots after q). Returns mask_Bx1xTxS.
     """
+    ring = S if ring is None else ring
     slot_S = jnp.arange(S)
-    query_slot_T = index + jnp.arange(T)
-    filled_TxS = slot_S[None, :] <= query_slot_T[:, None]
+    query_T = index + jnp.arange(T)
+    age_TxS = (query_T[:, None] - slot_S[None, :]) % ring  # how far back the held token is
+    held_TxS = query_T[:, None] - age_TxS
+    seen_TxS = held_TxS >= 0
     if window:
-        filled_TxS &= query_slot_T[:, None] - slot_S[None, :] < window
-    real_BxS = slot_S[None, :] >= start_B[:, None]
-    return (filled_TxS[None] & real_BxS[:, None])[:, None]
+        seen_TxS &= age_TxS < window
+    real_BxTxS = held_TxS[None] >= start_B[:, None, None]
+    return (seen_TxS[None] & real_BxTxS)[:, None]
 
 
 def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, compute_dtype=None):

@@ -41,7 +41,8 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, config as config_lib, data, decode, flops, kernels, metrics, training
+from transformer import (cli, config as config_lib, data, decode, flops, kernels, matmul_auto,
+                         metrics, training)
 from transformer.bench_figures import (BenchResult, Compiles, DecodeFigures, PeerTrainFigures,
                                       Spread, TrainFigures, format_table)
 from transformer.config import ModelConfig
@@ -331,16 +332,18 @@ def _device_peak_memory_mb() -> float | None:
 def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchResult:
     """Runs every measurement: training, then decoding, with the compile counts throughout."""
     s, counter = settings, CompileCounter()
-    config = config_lib.validate(config)
-    config.train.steps = s.total_steps  # the schedule every mode (and the peer's lr) follows
+    # the schedule every mode (and the peer's lr) follows
+    config = config_lib.validate(config_lib.replace(config, **{"train.steps": s.total_steps}))
     tokenizer, source = data.load(config)
-    training.resolve(config, tokenizer)
+    config = training.resolve(config, tokenizer)
     t = config.train
     batches = [jax.device_put(source.batch(t.seed, "train", i, t.batch_size))
                for i in range(s.total_steps)]  # made up front: data loading is not timed
     model_config = ModelConfig.from_config(config)
     tokens_per_step = t.batch_size * model_config.max_seq_len
 
+    auto = dataclasses.asdict(matmul_auto.choose())
+    log(f"model.matmul=auto picks {auto['mode']}: {auto['reason']}")
     log("measuring the matmul peak")
     peak_f32, source_f32 = metrics.peak_flops("float32")
     peak_bf16, _ = metrics.peak_flops("bfloat16")
@@ -363,7 +366,7 @@ def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchRes
                         sorted(set(counter.names.get("steady", []))))
     return BenchResult(
         config=config_lib.to_dict(config), machine=_machine(), rounds=s.rounds,
-        steps_per_round=s.steps, peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16,
+        steps_per_round=s.steps, matmul_auto=auto, peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16,
         peak_source=source_f32, flops_per_token=flops_per_token,
         tokens_per_step=tokens_per_step, train=train, peer_train=peer_train,
         train_step_memory_mb=memory_mb, decode_context=dec_config.max_seq_len,
@@ -377,7 +380,7 @@ def _machine() -> dict:
     info = {"platform": device.platform, "device_kind": device.device_kind,
             "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__,
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "isa": _isa()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -392,6 +395,14 @@ def _machine() -> dict:
     except ImportError:
         pass
     return info
+
+
+def _isa() -> str:
+    """The bf16 matmul features this CPU has, and XLA's ISA cap, as matmul_auto sees them."""
+    cpuinfo = matmul_auto.cpu_flags(matmul_auto._read_cpuinfo())
+    bf16 = [flag for flag, _ in matmul_auto.BF16_FLAGS if flag in cpuinfo] or ["no bf16 flags"]
+    cap = matmul_auto.max_isa(os.environ.get("XLA_FLAGS")) or "none"
+    return f"{', '.join(bf16)}; xla_cpu_max_isa cap: {cap}"
 
 
 def main(argv):

@@ -83,6 +83,7 @@ class BenchResult:
     machine: dict
     rounds: int
     steps_per_round: int
+    matmul_auto: dict  # what model.matmul=auto picks on this machine, and why
     peak_flops_f32: float
     peak_flops_bf16: float
     peak_source: str
@@ -111,7 +112,8 @@ class BenchResult:
 def _flatten(r: BenchResult) -> dict:
     """The JSON object: one key per figure, mode and batch as suffixes (`_bf16`, `_b8`)."""
     out = {"config": r.config, "machine": r.machine, "rounds": r.rounds,
-           "steps_per_round": r.steps_per_round, "peak_flops_f32": r.peak_flops_f32,
+           "steps_per_round": r.steps_per_round, "matmul_auto": r.matmul_auto,
+           "peak_flops_f32": r.peak_flops_f32,
            "peak_flops_bf16": r.peak_flops_bf16, "peak_source": r.peak_source,
            "flops_per_token": r.flops_per_token, "tokens_per_step": r.tokens_per_step}
     for mode, t in r.train.items():
@@ -163,6 +165,8 @@ def format_table(r: BenchResult) -> str:
              f"vocab {mc['vocab_size']}; decode context {r.decode_context}",
              f"peak matmul: {r.peak_flops_f32 / 1e9:.0f} GFLOP/s f32, "
              f"{r.peak_flops_bf16 / 1e9:.0f} bf16-in/f32-acc ({r.peak_source})",
+             f"isa: {m.get('isa', '-')}; model.matmul=auto picks {r.matmul_auto['mode']} "
+             f"({r.matmul_auto['reason']})",
              "", f"{'':38}{'ours':>10}{'peer':>10}{'ratio':>8}"]
     lines += _speed_rows(r)
     lines.append("")

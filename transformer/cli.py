@@ -22,7 +22,7 @@ from transformer.signals import Stopped
 _USER_ERROR_HOMES = {"transformer.config": "ConfigError",
                      "transformer.data.corpus": "CorpusError",
                      "transformer.data.tokenizers": "TokenizerError",
-                     "transformer.decode": "PromptError",
+                     "transformer.decode": "GenerationError",
                      "transformer.checkpoint": "CheckpointError"}
 
 

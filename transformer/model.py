@@ -193,9 +193,11 @@ class GPT(nn.Module):
         """Full forward pass, or a cached one.
 
         tokens_BT: int token ids. positions_BT: absolute positions (default 0..T-1).
-        Cached decoding also passes `cache` (from `kvcache.init_cache`), `index` (the slot
-        of tokens_BT[:, 0]) and `start_B` (the first real slot of each left-padded row),
-        and gets back (logits_BTV, new_cache). Logits are float32.
+        Cached decoding also passes `cache` (from `kvcache.init_cache`), `index` (tokens_BT[:, 0]
+        is the text's token `index`, counted in slots; it goes to slot index mod max_seq_len)
+        and `start_B` (the first real token of each left-padded row), and gets back
+        (logits_BTV, new_cache). T > 1 new tokens must not cross the cache's end. Logits are
+        float32.
         """
         c = self.config
         B, T = tokens_BT.shape
@@ -220,11 +222,12 @@ class GPT(nn.Module):
             new_cache = None
         else:
             S = cache[0]["k"].shape[1]  # the slots held: max_seq_len, or the first S of them
-            mask = attention.cache_mask(start_B, index, T, S, c.sliding_window)
+            mask = attention.cache_mask(start_B, index, T, S, c.sliding_window, c.max_seq_len)
+            slot = index % c.max_seq_len  # a ring once generation outgrows the context
             new_cache = []
             for i, layer_cache in enumerate(cache):
                 x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, positions_BT,
-                                                                 layer_cache, index)
+                                                                 layer_cache, slot)
                 new_cache.append(layer_cache)
 
         # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.

@@ -2,13 +2,14 @@
 
 Restarting the same command continues exactly. A changed config is compared field by field
 with the config saved in the latest checkpoint:
-- FREE fields change only what is logged, evaluated, saved or sampled, or where the state
-  lives (mesh.*: a checkpoint restores onto any mesh), never what the params are: they may
-  change silently (e.g. more frequent checkpoints after a crash);
+- FREE fields change only what is logged, evaluated, saved or sampled, where the state
+  lives (mesh.*: a checkpoint restores onto any mesh) or which kernels compute the same
+  function (model.matmul: `auto` may pick another mode on another machine), never what the
+  params are: they may change silently (e.g. more frequent checkpoints after a crash);
 - FIXED fields change the shape of the saved state or the meaning of its tokens (model
   shape, tokenizer): the checkpoint cannot continue under them, whatever the flags;
 - every other field (train.steps, train.lr, train.seed, data.corpus, ...) changes what the
-  run computes from here on: refused unless named in --allow_change, e.g.
+  run computes from here on (CHANGE in fields.py): refused unless named in --allow_change, e.g.
   `--allow_change=train.steps` to train longer. The result is then no longer the run any
   single config describes (the learning-rate schedule, for one, depends on train.steps).
 
@@ -18,14 +19,12 @@ with the config saved in the latest checkpoint:
 
 from __future__ import annotations
 
-from transformer.config import ConfigError, base_config, flatten, to_dict
+from transformer import fields
+from transformer.config import ConfigError, flatten
 
-FREE = ("train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every",
-        "train.keep_checkpoints", "train.nonfinite", "sample.", "mesh.")
-FIXED = ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.d_ff",
-         "model.max_seq_len", "model.tie_embeddings", "model.param_dtype", "model.scan_layers",
-         "model.position", "model.norm", "model.norm_placement", "model.mlp", "model.n_kv_heads",
-         "data.tokenizer", "data.bpe_vocab_size")
+# Each field's rule is declared with the field (fields.py); these are views of that table.
+FREE = tuple(f.name for f in fields.FIELDS if f.resume == fields.FREE)
+FIXED = tuple(f.name for f in fields.FIELDS if f.resume == fields.FIXED)
 
 
 def differences(saved: dict, current: dict) -> dict:
@@ -35,14 +34,10 @@ def differences(saved: dict, current: dict) -> dict:
     return {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
 
 
-def _free(field: str) -> bool:
-    return any(field == f or (f.endswith(".") and field.startswith(f)) for f in FREE)
-
-
 def check(diffs: dict, allowed, workdir) -> None:
     """Raises ConfigError naming the differing fields unless each is free or allowed."""
     allowed = set(allowed or ())
-    unknown = sorted(allowed - set(flatten(to_dict(base_config()))))
+    unknown = sorted(allowed - set(fields.BY_NAME))
     if unknown:
         raise ConfigError(f"--allow_change={unknown[0]}: no such config field; name fields as "
                           "section.field, e.g. --allow_change=train.steps")
@@ -51,7 +46,7 @@ def check(diffs: dict, allowed, workdir) -> None:
         raise ConfigError(f"{workdir} holds a checkpoint of another model or tokenizer "
                           f"({_describe(fixed)}): these cannot change; use a new --workdir "
                           "or the saved values")
-    refused = {k: v for k, v in diffs.items() if not _free(k) and k not in allowed}
+    refused = {k: v for k, v in diffs.items() if k not in FREE and k not in allowed}
     if refused:
         names = ",".join(sorted(refused))
         raise ConfigError(f"{workdir} was trained with a different config ({_describe(refused)}): "

@@ -5,8 +5,9 @@ the random key never recompiles the decode program:
 
     temperature == 0   greedy (argmax)
     top_k == 0         no top-k filter; otherwise keep the k most likely tokens
-    top_p == 1         no nucleus filter; otherwise keep the smallest set of most likely
-                       tokens whose probability (after temperature and top-k) reaches p
+    top_p >= 1         no nucleus filter (every token stays, however small); otherwise keep
+                       the smallest set of most likely tokens whose probability (after
+                       temperature and top-k) reaches p
 
 Ties at the top-k boundary are all kept. Filters compare against thresholds taken from
 one sort of the logits, so they work for any k without a static `lax.top_k`.
@@ -31,10 +32,15 @@ def filter_logits(logits_BV, temperature, top_k, top_p):
     kth_B1 = jnp.where(top_k > 0, kth_B1, -jnp.inf)
     sorted_BV = jnp.where(sorted_BV >= kth_B1, sorted_BV, -jnp.inf)
 
-    # top-p: keep a sorted token while the probability mass before it is still below p.
+    # top-p: keep a sorted token while the probability mass before it is still below p. The
+    # mass is an exclusive running sum compared with p times the float32 total: a float32
+    # cumsum reaches the total (or 1.0) well before the end of a large vocabulary, so
+    # "mass before < 1" would drop the tail; p >= 1 keeps every token outright.
     probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
-    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    kept_BV = (mass_before_BV < top_p) & jnp.isfinite(sorted_BV)
+    mass_BV = jnp.cumsum(probs_BV, axis=-1)
+    mass_before_BV = jnp.pad(mass_BV[:, :-1], ((0, 0), (1, 0)))
+    kept_BV = (mass_before_BV < top_p * mass_BV[:, -1:]) | (top_p >= 1)
+    kept_BV &= jnp.isfinite(sorted_BV)
     floor_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
 
     threshold_B1 = jnp.maximum(kth_B1, floor_B1)

@@ -32,7 +32,7 @@ import numpy as np
 
 from transformer import fit, flops, plot
 from transformer.config import ConfigError, ModelConfig, validate
-from transformer.inspect import human, model_config_of
+from transformer.sizes import human, model_config_of
 from transformer.metrics import MetricsLog
 
 BUDGETS = ("tokens", "flops", "chinchilla")
@@ -89,7 +89,7 @@ def members(sweep) -> list[Member]:
         for size in sweep.sizes:
             config = ml_collections.ConfigDict(sweep.base.to_dict())
             config.model.update({k: v for k, v in size.items() if k != "name"})
-            model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
+            model = model_config_of(config)
             if kind == "tokens":
                 tokens = value
             elif kind == "flops":
@@ -127,9 +127,9 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
         started = time.perf_counter()
-        training.train(m.config, run_dir, log=log, progress=progress)  # resolves vocab_size
+        _, tokenizer = training.train(m.config, run_dir, log=log, progress=progress)
         wall_s = time.perf_counter() - started
-        model = ModelConfig.from_config(m.config)
+        model = ModelConfig.from_config(training.resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
         (run_dir / "result.json").write_text(json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,

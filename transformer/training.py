@@ -30,7 +30,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from transformer import (checkpoint, config as config_lib, data, faults, flops, hf_import,
-                         inspect, kernels, resume, sharding, signals)
+                         kernels, matmul_auto, resume, sharding, signals, sizes)
 from transformer.config import ConfigError, ModelConfig
 from transformer import metrics as metrics_lib
 from transformer.metrics import MetricsLog, Progress, Throughput
@@ -162,12 +162,12 @@ def evaluate(trainer: Trainer, params, source, seed: int) -> float:
 
 
 def summary(config, params, tokenizer, corpus_desc: str) -> str:
-    """`python -m transformer.inspect`'s report for this run, then what it trains on."""
+    """`python -m transformer.sizes`'s report for this run, then what it trains on."""
     t = config.train
     model_config = ModelConfig.from_config(config)
     m = config.model
     window = f", window {m.sliding_window}" if m.sliding_window else ""
-    lines = [inspect.summary(model_config, batch=t.batch_size, check=False),
+    lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
              f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
              f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
     counted, real = flops.param_counts(model_config)["total"], count_params(params)
@@ -181,15 +181,17 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
     return "\n".join(lines)
 
 
-def resolve(config, tokenizer) -> None:
-    """Fills derived values: the vocabulary size from the tokenizer when it is 0."""
+def resolve(config, tokenizer):
+    """The config with derived values filled in (a new one; `config` is left as it is): the
+    vocabulary size from the tokenizer when it is 0."""
     if config.model.vocab_size == 0:
-        config.model.vocab_size = tokenizer.vocab_size
-    elif (config.model.vocab_size < tokenizer.vocab_size
+        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
+    if (config.model.vocab_size < tokenizer.vocab_size
           and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
+    return config
 
 
 def abstract_checkpoint(config, mesh=None):
@@ -235,7 +237,9 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     Everything that can be checked without writing is checked first (config, corpus,
     checkpoint compatibility, resume.check on a changed config); then the workdir is written.
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf."""
-    config_lib.validate(config)
+    # This run's own copy: the caller's config is never changed (hf_import.prepare below
+    # still fills model.vocab_size=0 in place, on this copy).
+    config, matmul = matmul_auto.resolve(config_lib.replace(config_lib.validate(config)))
     main_process = jax.process_index() == 0
     if not main_process:
         log, progress = (lambda _: None), False
@@ -245,7 +249,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
                        else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
-    resolve(config, tokenizer)
+    config = resolve(config, tokenizer)
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
@@ -270,9 +274,11 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         metrics_log.truncate_after(found.step)  # steps after it are redone and logged again
         log(f"resuming from step {found.step}")
     log(summary(config, state.params, tokenizer, data.corpus.describe(config.data.corpus)))
+    log(matmul_auto.describe(matmul))
     log(sharding.describe(trainer.mesh))
 
-    meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json()}
+    meta = {"config": config_lib.to_dict(config), "tokenizer": tokenizer.to_json(),
+            "matmul_reason": matmul.reason}
     start = int(state.step)
     bar = Progress(start, t.steps, enabled=progress)
     tokens_per_step = t.batch_size * config.model.max_seq_len
@@ -283,6 +289,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     guard = faults.NonFiniteGuard(t.nonfinite, skipped)
     faults.install_save_delay()  # a test hook; nothing unless its variable is set
     pending = None  # (step, metrics) of a logging step, read once the next step is queued
+    # This invocation's first line names its kernels (a resumed run may run other ones).
+    first_line = {"matmul": matmul.mode, "matmul_reason": matmul.reason}
 
     def report(done, metrics):
         nonlocal tokens_since_log
@@ -293,7 +301,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         mfu = metrics_lib.mfu(tokens_per_s, flops_per_token, peak, jax.device_count())
         metrics_log.write(step=done, tokens=done * tokens_per_step, train_loss=loss,
                           grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
-                          skipped_steps=guard.skipped)
+                          skipped_steps=guard.skipped, **first_line)
+        first_line.clear()
         bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
 
     try:

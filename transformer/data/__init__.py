@@ -8,8 +8,7 @@ from __future__ import annotations
 from transformer.data import batches, corpus, tokenizers
 from transformer.data.corpus import CorpusError
 from transformer.data.tokenizers import TokenizerError
-
-SYNTHETIC = ("copy", "random")
+from transformer.fields import SYNTHETIC_CORPORA as SYNTHETIC  # declared with data.corpus
 
 
 def load(config, tokenizer=None):

@@ -15,6 +15,8 @@ import re
 
 import numpy as np
 
+from transformer.fields import TOKENIZERS as KINDS  # declared with data.tokenizer
+
 
 class TokenizerError(ValueError):
     """Text the tokenizer cannot encode, or a tokenizer description it cannot load."""
@@ -125,7 +127,7 @@ def from_json(spec: dict):
             return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]))
         except (KeyError, Exception) as e:  # tokenizers raises a bare Exception on bad JSON
             raise TokenizerError(f"a saved bpe tokenizer could not be loaded: {e}") from None
-    raise TokenizerError(f"unknown tokenizer kind {kind!r}: expected byte, char or bpe")
+    raise TokenizerError(f"unknown tokenizer kind {kind!r}: expected one of {', '.join(KINDS)}")
 
 
 def build(kind: str, text: str, bpe_vocab_size: int = 1024):
@@ -136,4 +138,4 @@ def build(kind: str, text: str, bpe_vocab_size: int = 1024):
         return CharTokenizer.from_text(text)
     if kind == "bpe":
         return BPETokenizer.train(text, bpe_vocab_size)
-    raise TokenizerError(f"unknown tokenizer {kind!r}: expected byte, char or bpe")
+    raise TokenizerError(f"unknown tokenizer {kind!r}: expected one of {', '.join(KINDS)}")

@@ -32,10 +32,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention
+from transformer import attention, fields
 from transformer.kernels import attention_vjp, dense
 
-MODES = ("plain", "fast_f32", "fast_bf16")
+MODES = fields.MATMUL_MODES  # declared with model.matmul
 _COMPUTE_DTYPE = {"fast_f32": "float32", "fast_bf16": "bfloat16"}
 
 

@@ -1,8 +1,8 @@
 """Sizes of any config without allocating it: parameters, FLOPs, KV cache, activation memory.
 
-    python -m transformer.inspect --config=configs/gpt3_175b.py          # ~175B params, instantly
-    python -m transformer.inspect --config=configs/tiny.py --json
-    python -m transformer.inspect --config=configs/default.py --batch=8 --kv_dtype=bfloat16
+    python -m transformer.sizes --config=configs/gpt3_175b.py          # ~175B params, instantly
+    python -m transformer.sizes --config=configs/tiny.py --json
+    python -m transformer.sizes --config=configs/default.py --batch=8 --kv_dtype=bfloat16
 
 The arithmetic lives in `flops.py`; here the real parameter tree is built with
 `jax.eval_shape` (shapes only, no memory) and its count must equal the arithmetic, so the two
@@ -11,6 +11,7 @@ can never silently drift apart. `train.py` prints the same summary at start-up.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -22,18 +23,17 @@ from transformer.config import ConfigError, ModelConfig, validate
 
 
 def model_config_of(config) -> ModelConfig:
-    """The model of a config file, with vocab_size=0 resolved where no corpus is needed."""
-    m = config.model
-    if m.vocab_size == 0:
+    """The model of a config file, with vocab_size=0 resolved where no corpus is needed
+    (`config` itself is left as it is)."""
+    model = ModelConfig.from_config(config)
+    if model.vocab_size == 0:
         tokenizer = config.data.tokenizer
-        if tokenizer == "byte":
-            m.vocab_size = 256
-        elif tokenizer == "bpe":
-            m.vocab_size = config.data.bpe_vocab_size
-        else:
+        if tokenizer == "char":
             raise ConfigError("model.vocab_size=0: the char tokenizer's size comes from the "
                               "corpus; pass --config.model.vocab_size=N to inspect it")
-    return ModelConfig.from_config(config)
+        vocab = 256 if tokenizer == "byte" else config.data.bpe_vocab_size
+        model = dataclasses.replace(model, vocab_size=vocab)
+    return model
 
 
 def real_param_count(c: ModelConfig) -> int:

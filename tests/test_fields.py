@@ -1,0 +1,97 @@
+"""One declaration per config field: everything else is derived from fields.FIELDS, and a field
+declared incompletely, or named somewhere it is not declared, fails here."""
+
+import dataclasses
+
+import pytest
+
+from transformer import config as config_lib, fields, resume, sizes, training
+from transformer.config import ModelConfig, base_config
+
+
+def problems(table, model_config=ModelConfig, free=resume.FREE, fixed=resume.FIXED) -> list:
+    """What is wrong between a declaration table and the things derived from it."""
+    out = []
+    names = [f.name for f in table]
+    out += [f"{n}: declared twice" for n in set(names) if names.count(n) > 1]
+    for f in table:
+        if not f.doc.strip() or "\n" in f.doc:
+            out.append(f"{f.name}: needs a one-line doc")
+        if f.resume not in (fields.FREE, fields.FIXED, fields.CHANGE):
+            out.append(f"{f.name}: resume rule {f.resume!r} is not free, fixed or change")
+        if f.choices and f.default not in f.choices:
+            out.append(f"{f.name}: default {f.default!r} is not among its choices")
+        if f.check and f.check(f.default):
+            out.append(f"{f.name}: default {f.default!r} fails its own check")
+    model_keys = {f.key for f in table if f.section == "model"}
+    dataclass_keys = {f.name for f in dataclasses.fields(model_config)}
+    out += [f"ModelConfig.{k}: not declared" for k in sorted(dataclass_keys - model_keys)]
+    out += [f"model.{k}: missing from ModelConfig" for k in sorted(model_keys - dataclass_keys)]
+    out += [f"resume rules name {n}: not declared" for n in (*free, *fixed) if n not in names]
+    return out
+
+
+def test_the_declarations_and_everything_derived_agree():
+    assert problems(fields.FIELDS) == []
+
+
+@pytest.mark.parametrize("plant,expected", [
+    (lambda t: t + (fields.Field("train.new", 1, "", fields.CHANGE),), "needs a one-line doc"),
+    (lambda t: t + (fields.Field("train.new", 1, "a knob", "maybe"),), "resume rule"),
+    (lambda t: t + (fields.Field("model.new", 1, "a knob", fields.FIXED),),
+     "model.new: missing from ModelConfig"),
+    (lambda t: tuple(f for f in t if f.name != "model.mlp"), "ModelConfig.mlp: not declared"),
+    (lambda t: t + (t[0],), "declared twice"),
+    (lambda t: t + (fields.Field("model.x", "a", "a knob", fields.FIXED, ("b",)),), "choices"),
+])
+def test_a_field_added_in_one_place_only_is_caught(plant, expected):
+    assert any(expected in p for p in problems(plant(fields.FIELDS)))
+
+
+def test_resume_rules_naming_a_non_field_are_caught():
+    found = problems(fields.FIELDS, fixed=(*resume.FIXED, "model.d_modle"))
+    assert found == ["resume rules name model.d_modle: not declared"]
+
+
+def test_base_config_model_config_and_resume_derive_from_the_declarations():
+    flat = config_lib.flatten(config_lib.to_dict(base_config()))
+    assert set(flat) == set(fields.BY_NAME)
+    assert all(flat[f.name] == f.default for f in fields.FIELDS)
+    built = ModelConfig()  # the same defaults as base_config(), matmul resolved
+    for f in fields.MODEL_FIELDS:
+        if f.key != "matmul":
+            assert getattr(built, f.key) == f.default, f.name
+    assert built.matmul in fields.MATMUL_MODES  # never "auto"
+    every_rule = {f.name for f in fields.FIELDS if f.resume != fields.CHANGE}
+    assert set(resume.FREE) | set(resume.FIXED) == every_rule
+
+
+def test_validate_names_the_field_for_every_declared_check():
+    """Each declared choice or check is enforced by validate, with the field in the message."""
+    tested = 0
+    for f in fields.FIELDS:
+        bad = {str: "no-such-value", int: -7, float: -7.0}.get(type(f.default))
+        if not (f.choices or f.check) or bad is None or (f.check and not f.check(bad)):
+            continue
+        config = config_lib.replace(base_config(), **{f.name: bad})
+        with pytest.raises(config_lib.ConfigError, match=f"^{f.name}="):
+            config_lib.validate(config)
+        tested += 1
+    assert tested > 30  # most fields have a choice or a check
+
+
+def test_derived_values_come_back_in_a_new_config():
+    """A validated config is never changed: resolving returns a new one."""
+    class Tok:
+        vocab_size, kind = 65, "char"
+    config = config_lib.validate(config_lib.replace(base_config(), **{"model.vocab_size": 0}))
+    resolved = training.resolve(config, Tok())
+    assert (config.model.vocab_size, resolved.model.vocab_size) == (0, 65)
+    assert sizes.model_config_of(config).vocab_size == 256 and config.model.vocab_size == 0
+
+
+def test_matmul_may_change_on_resume():
+    """auto may pick another mode on another machine; the parameters are the same."""
+    resume.check({"model.matmul": ("fast_bf16", "fast_f32")}, allowed=(), workdir="runs/x")
+    with pytest.raises(config_lib.ConfigError, match="model.d_model"):
+        resume.check({"model.d_model": (64, 32)}, allowed=(), workdir="runs/x")

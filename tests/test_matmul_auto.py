@@ -1,0 +1,77 @@
+"""model.matmul=auto: fast_bf16 only where the CPU multiplies bf16 natively, the ISA cap in
+XLA_FLAGS honoured, an explicit mode always winning, and the choice agreeing with measurement."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from transformer import config as config_lib, matmul_auto, metrics
+from transformer.config import base_config
+from transformer.matmul_auto import decide_cpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZEN3 = {"sse4_2", "avx", "avx2", "fma"}                       # AVX2 only: bf16 is emulated
+ZEN4 = ZEN3 | {"avx512f", "avx512_vnni", "avx512_bf16"}
+SAPPHIRE_RAPIDS = ZEN4 | {"amx_tile", "amx_bf16"}
+
+
+@pytest.mark.parametrize("flags,cap,mode", [
+    (ZEN3, None, "fast_f32"),
+    (ZEN4, None, "fast_bf16"),
+    (SAPPHIRE_RAPIDS, None, "fast_bf16"),
+    (ZEN4, "AVX2", "fast_f32"),             # an older CPU emulated on a newer one
+    (SAPPHIRE_RAPIDS, "AVX512", "fast_f32"),
+    (SAPPHIRE_RAPIDS, "AVX512_BF16", "fast_bf16"),
+    (set(), None, "fast_f32"),              # no flags known (not x86 Linux): float32 is safe
+])
+def test_cpu_features_decide(flags, cap, mode):
+    assert decide_cpu(flags, cap).mode == mode
+
+
+def test_flags_and_isa_cap_are_read():
+    text = "processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: none\n"
+    assert matmul_auto.cpu_flags(text) == {"fpu", "avx2", "avx512_bf16"}
+    assert matmul_auto.max_isa("--xla_force_host_platform_device_count=2 "
+                               "--xla_cpu_max_isa=avx2") == "AVX2"
+    assert matmul_auto.max_isa("") is None and matmul_auto.max_isa(None) is None
+
+
+def test_explicit_mode_wins_and_auto_returns_a_new_config():
+    explicit = config_lib.replace(base_config(), **{"model.matmul": "plain"})
+    assert matmul_auto.resolve(explicit) == (explicit, matmul_auto.Choice("plain",
+                                                                          "set in the config"))
+    auto = base_config()
+    resolved, choice = matmul_auto.resolve(auto)
+    assert auto.model.matmul == "auto" and resolved.model.matmul == choice.mode
+    assert choice == matmul_auto.choose() and choice.mode != "auto"
+
+
+def _choice_in_subprocess(xla_flags):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if xla_flags:
+        env["XLA_FLAGS"] = xla_flags
+    code = "from transformer import matmul_auto; print(matmul_auto.choose().mode)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU decision")
+def test_an_avx2_cap_resolves_to_float32():
+    assert _choice_in_subprocess("--xla_cpu_max_isa=AVX2") == "fast_f32"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU decision")
+def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
+    """Where auto picks bf16 the bf16-input matmul is measured faster than float32, and where
+    it picks float32, bf16 is not clearly faster (best of 20 runs each, so load evens out)."""
+    mode = _choice_in_subprocess("")
+    f32, bf16 = metrics.measure_matmul_peak("float32"), metrics.measure_matmul_peak("bfloat16")
+    if mode == "fast_bf16":
+        assert bf16 > f32, (bf16, f32)
+    else:
+        assert mode == "fast_f32" and bf16 < 1.2 * f32, (bf16, f32)

@@ -1,0 +1,199 @@
+"""Every config field, declared once: name, default, allowed values or check, doc, resume rule.
+
+`config.base_config()`, `config.validate`, `config.ModelConfig` and `resume.py`'s rules are all
+derived from `FIELDS`; a field added here is known everywhere, and `tests/test_fields.py`
+fails when a field is declared incompletely or named somewhere it is not declared.
+
+The type of a field is the type of its default (an int is accepted where a float is declared).
+`choices` lists the allowed values; `check` returns what is wrong with a value (a fix, as
+"must be ...") or None. Checks that involve several fields live in `config.py`.
+
+Resume rules (what a changed value means for a run continuing from a checkpoint):
+    FREE    changes only what is logged, evaluated, saved, sampled, where the state lives or
+            how the same arithmetic is scheduled (mesh, matmul kernels): changes silently
+    FIXED   changes the shape of the saved state or the meaning of its tokens: never
+    CHANGE  changes what the run computes from here on: only when named in --allow_change
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+FREE, FIXED, CHANGE = "free", "fixed", "change"
+
+DTYPES = ("float32", "bfloat16")
+REMAT = ("none", "block", "dots")
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post")
+MLPS = ("relu", "gelu", "swiglu")
+ATTENTION_KERNELS = ("einsum", "jax")
+NONFINITE = ("stop", "skip")
+MESH_AXES = ("data", "fsdp", "tensor")
+# The matmul kernels a model can run; "auto" is resolved per machine (matmul_auto.py) before
+# a model is built. The kernels themselves are in kernels/
+MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
+MATMUL = ("auto", *MATMUL_MODES)
+TOKENIZERS = ("byte", "char", "bpe")
+SYNTHETIC_CORPORA = ("copy", "random")  # data.corpus values that are generated, not read
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str                       # "section.field"
+    default: Any
+    doc: str                        # one line, for error messages and docs
+    resume: str                     # FREE | FIXED | CHANGE
+    choices: tuple = ()
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def section(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+    @property
+    def key(self) -> str:
+        return self.name.rsplit(".", 1)[1]
+
+
+def _positive(v):
+    return None if v > 0 else "must be a positive integer"
+
+
+def _non_negative(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def _in(lo, hi, closed_hi=False, text=None):
+    def check(v):
+        ok = lo <= v <= hi if closed_hi else lo <= v < hi
+        return None if ok else text
+    return check
+
+
+def _mesh_size(v):
+    return None if v > 0 or v == -1 else "must be a positive size, or -1 for all remaining devices"
+
+
+def _mesh_rule(v):
+    unknown = [a.strip() for a in v.split(",") if a.strip() and a.strip() not in MESH_AXES]
+    return None if not unknown else (f"names mesh axes {unknown}; use a comma-separated subset "
+                                     f"of {', '.join(MESH_AXES)}, or '' for not split")
+
+
+def _weights(path):
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    ok = not path or (p / "model.safetensors").is_file() or (p.is_file() and
+                                                            p.suffix == ".safetensors")
+    return None if ok else ("must be a folder holding model.safetensors, or a .safetensors "
+                            "file ('' starts from random weights)")
+
+
+def _f(name, default, doc, resume, choices=(), check=None):
+    return Field(name, default, doc, resume, tuple(choices), check)
+
+
+_MODEL = [
+    _f("model.vocab_size", 256, "vocabulary size; 0: take it from the tokenizer", FIXED,
+       check=lambda v: None if v >= 0 else "must be > 0, or 0 to take it from the tokenizer"),
+    _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
+    _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),
+    _f("model.n_heads", 4, "attention (query) heads", FIXED, check=_positive),
+    _f("model.d_ff", 512, "MLP hidden width (4 * d_model in GPT-2)", FIXED, check=_positive),
+    _f("model.max_seq_len", 128, "context length: positions, KV-cache slots, training length",
+       FIXED, check=_positive),
+    _f("model.tie_embeddings", True, "logits = h @ E^T with the input embedding E", FIXED),
+    _f("model.dtype", "float32", "compute dtype; softmax and loss always run in float32",
+       CHANGE, DTYPES),
+    _f("model.param_dtype", "float32", "dtype the parameters are stored in", FIXED, DTYPES),
+    _f("model.scan_layers", False, "nn.scan over blocks: stacked params, faster compile", FIXED),
+    _f("model.remat", "none", "what the backward pass recomputes", CHANGE, REMAT),
+    _f("model.position", "learned", "learned (a table P[t] added to x) | rope (rotary Q and K)",
+       FIXED, POSITIONS),
+    _f("model.norm", "layernorm", "normalisation layer", FIXED, NORMS),
+    _f("model.norm_placement", "pre", "pre: x + f(norm(x)) | post: norm(x + f(x))", FIXED,
+       NORM_PLACEMENTS),
+    _f("model.mlp", "gelu", "MLP; swiglu is gated with hidden width 2/3 d_ff", FIXED, MLPS),
+    _f("model.n_kv_heads", 0, "K/V heads: 0 = n_heads, 1 = multi-query, else grouped-query",
+       FIXED),
+    _f("model.sliding_window", 0, "0: full causal attention; w: attend to the last w positions",
+       CHANGE, check=lambda v: None if v >= 0 else
+       "must be >= 0 (0: full causal attention; w: the last w positions)"),
+    _f("model.attention_kernel", "einsum", "einsum (reference) | jax (dot_product_attention)",
+       CHANGE, ATTENTION_KERNELS),
+    # The same parameters in every mode, so a checkpoint continues under another one.
+    _f("model.matmul", "auto", "matmul kernels; auto: the fastest on this machine "
+       "(docs/performance.md)", FREE, MATMUL),
+]
+
+_DATA = [
+    _f("data.corpus", "stdlib", "stdlib | copy | random | a path to a text file or folder",
+       CHANGE),
+    _f("data.tokenizer", "byte", "byte | char | bpe", FIXED, TOKENIZERS),
+    _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: merges learned on the training text", FIXED,
+       check=lambda v: None if v >= 257 else
+       "must be at least 257 (the 256 byte tokens plus one merge)"),
+    _f("data.max_bytes", 4_000_000, "read at most this much text", CHANGE,
+       check=lambda v: None if v > 0 else "must be positive"),
+    _f("data.val_fraction", 0.05, "the tail of the corpus held out for validation", CHANGE,
+       check=lambda v: None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"),
+]
+
+_TRAIN = [
+    _f("train.seed", 0, "seed of the initialisation and the batch order", CHANGE),
+    _f("train.steps", 1000, "optimizer steps in all", CHANGE, check=_positive),
+    _f("train.batch_size", 16, "sequences per step", CHANGE, check=_positive),
+    _f("train.lr", 1e-3, "peak learning rate", CHANGE,
+       check=lambda v: None if v > 0 else "must be positive"),
+    _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),
+    _f("train.min_lr_ratio", 0.1, "cosine decay ends at lr * min_lr_ratio", CHANGE,
+       check=_in(0.0, 1.0, closed_hi=True, text="must be in [0, 1]")),
+    _f("train.weight_decay", 0.1, "AdamW decay, applied to matrices only", CHANGE,
+       check=_non_negative),
+    _f("train.b1", 0.9, "Adam beta1", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
+    _f("train.b2", 0.95, "Adam beta2", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
+    _f("train.grad_clip", 1.0, "global-norm clipping; 0 disables", CHANGE, check=_non_negative),
+    _f("train.log_every", 10, "steps between metrics lines", FREE, check=_positive),
+    _f("train.eval_every", 200, "steps between validation losses", FREE, check=_positive),
+    _f("train.eval_batches", 8, "batches per validation loss", FREE, check=_positive),
+    _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
+    _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
+    _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),
+    _f("train.init_from", "", "a Hugging Face GPT-2 folder or .safetensors file to start from "
+       "instead of random weights (docs/huggingface.md)", CHANGE, check=_weights),
+]
+
+# The device mesh: data x fsdp x tensor must equal the device count (sharding.py). A
+# checkpoint restores onto any mesh, so every mesh field is free.
+_MESH = [
+    _f("mesh.data", -1, "batch split, parameters copied", FREE, check=_mesh_size),
+    _f("mesh.fsdp", 1, "batch split, parameters and optimizer state split too", FREE,
+       check=_mesh_size),
+    _f("mesh.tensor", 1, "heads, MLP width and vocabulary split", FREE, check=_mesh_size),
+] + [
+    # Logical axis -> mesh axes ("a,b"; "" = not split). Parameters and activations name
+    # logical axes (model.py, kvcache.py); this table alone decides where they live.
+    _f(f"mesh.rules.{axis}", rule, f"mesh axes the logical axis {axis!r} is split over", FREE,
+       check=_mesh_rule)
+    for axis, rule in (("batch", "data,fsdp"), ("length", ""), ("embed", "fsdp"),
+                       ("heads", "tensor"), ("kv_heads", "tensor"), ("head_dim", ""),
+                       ("mlp", "tensor"), ("vocab", "tensor"), ("layers", ""),
+                       ("cache_batch", "data,fsdp"), ("cache_heads", "tensor"),
+                       ("cache_length", ""), ("cache_head_dim", ""))
+]
+
+# The sample printed at the end of training; checked together by config.check_sampling.
+_SAMPLE = [
+    _f("sample.prompt", "def ", "text the sample continues", FREE),
+    _f("sample.max_new_tokens", 100, "tokens sampled", FREE),
+    _f("sample.temperature", 0.8, "0: greedy", FREE),
+    _f("sample.top_k", 40, "keep the k likeliest tokens; 0 disables", FREE),
+    _f("sample.top_p", 0.95, "keep the smallest set with this probability; 1 disables", FREE),
+]
+
+FIELDS: tuple[Field, ...] = (*_MODEL, *_DATA, *_TRAIN, *_MESH, *_SAMPLE)
+BY_NAME = {f.name: f for f in FIELDS}
+MODEL_FIELDS = tuple(f for f in FIELDS if f.section == "model")

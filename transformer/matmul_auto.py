@@ -1,0 +1,101 @@
+"""What `model.matmul = "auto"` means on this machine, and why.
+
+    choice = matmul_auto.choose()            # Choice(mode="fast_bf16", reason="...")
+    config, choice = matmul_auto.resolve(config)   # a new config with a concrete mode
+
+The run set-up (train.py via training.train, sample.py, the bench) resolves `auto` once, prints
+the choice and its reason, and saves the resolved mode with the run; an explicit
+`model.matmul=...` always wins. The modes compute the same function of the same parameters,
+so a run continues under another mode (resume.py lets `model.matmul` change freely).
+
+How the CPU choice is made: by the CPU's features, not by timing. `fast_bf16` casts matmul
+inputs to bfloat16; that is only faster where the CPU multiplies bfloat16 natively
+(AVX512_BF16 or AMX-BF16: ~1.4-2.5x the float32 rate). Without them (AVX2-only CPUs such as
+AMD Zen 3) bf16 inputs are converted in software and the matmul runs at ~60% of float32, so
+`fast_f32` wins. Why features rather than a timed probe: XLA's dots are done by a library
+that picks its own kernels, so `XLA_FLAGS=--xla_cpu_max_isa=AVX2` does not slow them (measured
+on an AVX512_BF16 CPU: the bf16 matmul ran as fast with the cap as without), and a probe would
+never see the older CPU the flag emulates; a probe also costs start-up time and, on a loaded
+2-core machine, times vary by 2x between back-to-back runs. The flag is honoured here: the CPU
+is treated as having at most the ISA it names, which is how the AVX2 branch is tested on a
+newer machine. On accelerators XLA's autodiff is already fast: `plain`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+
+# XLA's --xla_cpu_max_isa values for x86, oldest first (ARM's NEON/SVE never run bf16 here).
+ISA_ORDER = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX",
+             "AMX_FP16")
+# /proc/cpuinfo flags that make bf16-input matmuls native, with the ISA level they belong to.
+BF16_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    mode: str       # a concrete model.matmul: plain | fast_f32 | fast_bf16
+    reason: str     # one line, for the start-up summary and the saved run
+
+
+def max_isa(xla_flags: str | None) -> str | None:
+    """The ISA that `--xla_cpu_max_isa=...` in XLA_FLAGS caps XLA at, or None."""
+    match = re.search(r"--xla_cpu_max_isa=(\w+)", xla_flags or "")
+    return match.group(1).upper() if match else None
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first CPU in /proc/cpuinfo's text (empty if it has none)."""
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return set(match.group(1).split()) if match else set()
+
+
+def decide_cpu(flags: set[str], cap: str | None) -> Choice:
+    """fast_bf16 where the CPU multiplies bf16 natively (within the ISA cap), else fast_f32."""
+    for flag, level in BF16_FLAGS:
+        if flag not in flags:
+            continue
+        if cap in ISA_ORDER and ISA_ORDER.index(cap) < ISA_ORDER.index("AVX512_BF16"):
+            return Choice("fast_f32", f"the CPU has {flag}, but XLA_FLAGS caps the ISA at "
+                                      f"{cap}: bf16 matmuls would not be native")
+        return Choice("fast_bf16", f"the CPU has {flag}: bf16-input matmuls run natively")
+    return Choice("fast_f32", "the CPU has no avx512_bf16 or amx_bf16: bf16-input matmuls "
+                              "would be slower than float32")
+
+
+def _read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@functools.cache
+def choose() -> Choice:
+    """What auto means on this machine (the default backend, this CPU, today's XLA_FLAGS)."""
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "cpu":
+        return Choice("plain", f"{backend} backend: XLA's own backward is fast there")
+    return decide_cpu(cpu_flags(_read_cpuinfo()), max_isa(os.environ.get("XLA_FLAGS")))
+
+
+def resolve(config):
+    """(a copy of config with model.matmul concrete, the Choice). An explicit mode wins."""
+    from transformer import config as config_lib
+
+    mode = config.model.matmul
+    if mode != "auto":
+        return config, Choice(mode, "set in the config")
+    choice = choose()
+    return config_lib.replace(config, **{"model.matmul": choice.mode}), choice
+
+
+def describe(choice: Choice) -> str:
+    """The start-up summary's line."""
+    return f"matmul: {choice.mode} ({choice.reason})"
