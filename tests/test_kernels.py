@@ -151,7 +151,8 @@ def test_decode_setup_casts_kernels_for_batches_and_keeps_one_row_float32(tiny_c
 
 
 def test_compute_dtype_and_train_settings_name_the_precision():
-    c = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8, max_seq_len=8)
+    c = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8, max_seq_len=8,
+                    matmul="plain")
     assert kernels.compute_dtype(c) == "float32"
     assert kernels.compute_dtype(dataclasses.replace(c, matmul="fast_bf16")) == "bfloat16"
     assert kernels.compute_dtype(dataclasses.replace(c, dtype="bfloat16")) == "bfloat16"
