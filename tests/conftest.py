@@ -22,7 +22,7 @@ if jax.default_backend() == "gpu":
 @pytest.fixture(scope="session")
 def tiny_config() -> ModelConfig:
     # The float32 reference arithmetic, so that equalities (cached == full, sharded == single)
-    # hold to 1e-5; test_fastdense ties the fast modes (what auto runs on a CPU) to it.
+    # hold to 1e-5; test_kernels ties the fast modes (what auto runs on a CPU) to it.
     return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=64,
                        matmul="plain")
 

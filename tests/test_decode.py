@@ -209,12 +209,3 @@ def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kw
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(decode.GenerationError, match=match):
         decode.generate(tiny_config, tiny_params, prompts, **kwargs)
-
-
-def test_cache_has_the_documented_layout(tiny_config):
-    cache = decode.new_cache(config=tiny_config, batch=3)
-    assert len(cache) == tiny_config.n_layers
-    H, S, K = tiny_config.n_heads, tiny_config.max_seq_len, tiny_config.head_dim
-    assert all(layer["k"].shape == layer["v"].shape == (3 * H, S, K) for layer in cache)
-    assert all(x.shape == (3, H, S, K) for x in kvcache.read(cache[0], batch=3))
-    assert kvcache.cache_bytes(cache) == 2 * tiny_config.n_layers * 3 * H * S * K * 4

@@ -21,6 +21,8 @@ SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, 
 @pytest.mark.parametrize("kw,layer,head", [
     ({}, 0, 0),
     (dict(position="rope", n_kv_heads=2, sliding_window=3, norm_placement="post"), 1, 3),
+    (dict(matmul="fast_bf16"), 1, 2),  # the CPU default: bf16 matmul inputs
+    (dict(matmul="fast_f32", n_kv_heads=1), 0, 1),
 ])
 def test_project_attention_matches_numpy(kw, layer, head):
     config = dataclasses.replace(SMALL, **kw)
@@ -30,6 +32,18 @@ def test_project_attention_matches_numpy(kw, layer, head):
     np.testing.assert_allclose(ref["weights"].sum(1), 1.0)
     np.testing.assert_allclose(ref["scaled"], ref["scores"] / np.sqrt(config.head_dim))
     assert np.isneginf(ref["masked"][0, 1:]).all()
+
+
+def test_the_check_sees_the_compute_dtype_the_model_ran():
+    """Under fast_bf16 the model's own weights come from bf16-rounded Q and K: NumPy without
+    that rounding disagrees beyond the tolerance, so the check looks at the trained path."""
+    config = dataclasses.replace(SMALL, matmul="fast_bf16")
+    params = init_params(config, jax.random.key(0))
+    ref, ours = explain.explain(config, params, list(b"hello!"), 1, 2)
+    sown = explain.look_inside(config, params, list(b"hello!"))[2][1]
+    unrounded = explain.numpy_steps(sown["queries"][2], sown["keys"][2], sown["values"][2])
+    assert explain.max_difference(ref, ours) < explain.TOLERANCE
+    assert explain.max_difference(unrounded, ours) > explain.TOLERANCE
 
 
 def test_numpy_steps_against_hand_computed_numbers():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention, decode, training
+from transformer import decode, training
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.data import batches
 from transformer.model import GPT, init_params, stack_layers
@@ -144,15 +144,6 @@ def test_window_hides_exactly_the_positions_outside_it():
         assert (jnp.abs(changed - base).max() > 1e-6) == visible, (s, visible)
 
 
-def test_window_masks_follow_the_formula():
-    w, T_ = 3, 7
-    i, j = np.arange(T_)[:, None], np.arange(T_)[None, :]
-    np.testing.assert_array_equal(attention.causal_mask(T_, w)[0, 0], (j <= i) & (i - j < w))
-    # the cached mask for the same tokens (no padding, all in one prefill) is the same
-    cached = attention.cache_mask(jnp.zeros(1, jnp.int32), 0, T_, T_, w)[0, 0]
-    np.testing.assert_array_equal(cached, (j <= i) & (i - j < w))
-
-
 # --- grouped-query and multi-query attention ---------------------------------------------
 
 def test_generation_cache_has_n_kv_heads_heads():
@@ -185,51 +176,12 @@ def test_gqa_equals_multi_head_with_repeated_key_value_heads():
                                atol=1e-5)
 
 
-def test_n_kv_heads_equal_to_n_heads_is_plain_multi_head_attention():
-    """The grouped einsum with G = H gives exactly softmax(q_h k_h^T / sqrt(K)) v_h per head."""
-    q, k, v = (jax.random.normal(jax.random.key(i), (2, 4, 6, 8)) for i in range(3))
-    mask = attention.causal_mask(6)
-    out, weights = attention.dot_product_attention(q, k, v, mask)
-    scores = np.einsum("bhtk,bhsk->bhts", q, k) / np.sqrt(8)
-    scores = np.where(mask, scores, -np.inf)
-    expected_w = np.exp(scores - scores.max(-1, keepdims=True))
-    expected_w /= expected_w.sum(-1, keepdims=True)
-    np.testing.assert_allclose(weights, expected_w, atol=1e-6)
-    np.testing.assert_allclose(out, np.einsum("bhts,bhsk->bhtk", expected_w, v), atol=1e-5)
-
-
-@pytest.mark.parametrize("T,window,G", [(64, 0, 4), (64, 7, 2), (65, 0, 4), (16, 0, 1)])
-def test_causal_attention_skipping_the_upper_triangle_changes_nothing(T, window, G):
-    """Query blocks that attend only to the keys they can see give the full computation's
-    output and weights (zeros above the diagonal), split (T = 64) or not (odd, short T)."""
-    q = jax.random.normal(jax.random.key(0), (2, 4, T, 8))
-    k, v = (jax.random.normal(jax.random.key(i), (2, G, T, 8)) for i in (1, 2))
-    mask = attention.causal_mask(T, window)
-    assert len(attention.causal_blocks(T)) == (2 if T == 64 else 1)
-    out, weights = attention.causal_attention(q, k, v, mask)
-    ref_out, ref_weights = attention.dot_product_attention(q, k, v, mask)
-    np.testing.assert_allclose(out, ref_out, atol=1e-5)
-    np.testing.assert_allclose(weights, ref_weights, atol=1e-6)
-
-
 def test_default_n_kv_heads_keeps_the_cache_at_n_heads():
     config = ModelConfig.from_config(base_config())
     assert config.kv_heads == config.n_heads and config.mlp_hidden == config.d_ff
 
 
 # --- the two kernels ---------------------------------------------------------------------
-
-@pytest.mark.parametrize("G", [4, 2, 1])
-def test_kernels_agree(G):
-    """einsum and jax.nn.dot_product_attention: causal, windowed, and a padded cache."""
-    q = jax.random.normal(jax.random.key(0), (2, 4, 5, 8))
-    k, v = (jax.random.normal(jax.random.key(i), (2, G, 9, 8)) for i in (1, 2))
-    masks = [attention.causal_mask(9, 3)[:, :, 4:],
-             attention.cache_mask(jnp.array([0, 2]), 4, 5, 9),
-             attention.cache_mask(jnp.array([0, 2]), 4, 5, 9, window=2)]
-    for mask in masks:
-        ref, _ = attention.dot_product_attention(q, k, v, mask)
-        np.testing.assert_allclose(attention.jax_attention(q, k, v, mask), ref, atol=1e-5)
 
 
 @pytest.mark.device

@@ -14,7 +14,7 @@ from transformer import checkpoint, config as config_lib
 from transformer.config import ModelConfig, base_config
 from transformer.data import tokenizers
 from transformer.model import init_params, stack_layers
-from transformer.visualize import look_inside, token_labels
+from transformer.visualize import load_run, look_inside, token_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
@@ -22,7 +22,8 @@ SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, 
 
 
 @pytest.mark.parametrize("kw", [{}, dict(sliding_window=3, n_kv_heads=2, position="rope",
-                                          attention_kernel="jax")])
+                                          attention_kernel="jax"),
+                                dict(matmul="fast_bf16"), dict(matmul="fast_f32", n_kv_heads=1)])
 def test_weights_sum_to_one_over_visible_keys_and_are_zero_on_masked(kw):
     config = dataclasses.replace(SMALL, **kw)
     params = init_params(config, jax.random.key(0))
@@ -71,6 +72,12 @@ def _fake_run(workdir: Path):
 def _run(*args):
     return subprocess.run([sys.executable, "-m", "transformer.visualize", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_a_run_is_looked_at_with_the_kernels_it_trained_with(tmp_path):
+    config = _fake_run(tmp_path / "run")
+    loaded, _, _, step = load_run(tmp_path / "run")
+    assert loaded == config and step == 1  # matmul as trained, not swapped for another mode
 
 
 def test_cli_writes_one_image_per_layer_and_the_next_token_chart(tmp_path):

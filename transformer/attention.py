@@ -8,11 +8,16 @@ positions, S key positions, K head dim (d_k).
 The scores and the softmax run in float32 whatever the compute dtype: a bfloat16 softmax
 over a long row loses the small weights.
 
-Two kernels compute the same thing: `dot_product_attention` (einsums written out, returns
-the weights too, so they can be looked at) and `jax_attention` (`jax.nn.dot_product_attention`).
-The latter lets XLA build the attention (`implementation=None`, which in jax 0.10 is XLA's
-own version on every backend) unless `implementation="cudnn"` asks for cuDNN's fused flash
-attention, which needs an NVIDIA GPU and bfloat16/float16 inputs.
+This file holds the forward arithmetic once. `dot_product_attention` takes a compute dtype
+(bfloat16 matmul inputs with float32 accumulation, or the inputs' own dtype) and returns the
+weights too, so they can be looked at; `causal_attention` runs it block by block over the
+causal triangle. The CPU fast path (kernels/attention_vjp.py) wraps the same function in a
+hand-written backward pass instead of writing it again. `jax_attention`
+(`jax.nn.dot_product_attention`) computes the same output but never forms the weights: a
+model with `attention_kernel=jax` or `cudnn` has no attention maps to show. It lets XLA build
+the attention (`implementation=None`, which in jax 0.10 is XLA's own version on every
+backend) unless `implementation="cudnn"` asks for cuDNN's fused flash attention, which needs
+an NVIDIA GPU and bfloat16/float16 inputs.
 """
 
 from __future__ import annotations
@@ -63,25 +68,27 @@ def cache_mask(start_B: jnp.ndarray, index, T: int, S: int, window: int = 0,
     return (seen_TxS[None] & real_BxTxS)[:, None]
 
 
-def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
+def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, compute_dtype=None):
     """softmax(Q K^T / sqrt(d_k)) V, with masked scores set to MASKED before the softmax.
 
-    Query head h reads key/value head h // R (R = H / G). Returns (out_BHTK, weights_BHTS);
-    the weights are float32 and rows sum to 1.
+    Query head h reads key/value head h // R (R = H / G). Both matmuls take their inputs in
+    `compute_dtype` (None: the queries' dtype) and accumulate in float32. Returns
+    (out_BHTK in the queries' dtype, weights_BHTS); the weights are float32, rows sum to 1.
     """
     B, H, T, d_k = q_BHTK.shape
     G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    cdt = compute_dtype or q_BHTK.dtype
     # As batched matmuls over N = B·G (key/value head) slices: every reshape here is free,
     # and XLA needs no transposed copy of K or V (which, for the KV cache, is a large array).
-    q_NXK = q_BHTK.reshape(B * G, (H // G) * T, d_k)  # X = R·T: a head group's queries
-    k_NSK, v_NSK = k_BGSK.reshape(B * G, S, d_k), v_BGSK.reshape(B * G, S, d_k)
+    q_NXK = q_BHTK.reshape(B * G, (H // G) * T, d_k).astype(cdt)  # X = R·T: a group's queries
+    k_NSK, v_NSK = (x.reshape(B * G, S, d_k).astype(cdt) for x in (k_BGSK, v_BGSK))
     scores_NXS = jnp.einsum("nxk,nsk->nxs", q_NXK, k_NSK, preferred_element_type=jnp.float32)
     scores_BHTS = scores_NXS.reshape(B, H, T, S) / jnp.sqrt(jnp.float32(d_k))
     scores_BHTS = jnp.where(mask_BHTS, scores_BHTS, MASKED)
     weights_BHTS = softmax(scores_BHTS)
-    weights_NXS = weights_BHTS.reshape(B * G, -1, S).astype(v_BGSK.dtype)
-    out_NXK = jnp.einsum("nxs,nsk->nxk", weights_NXS, v_NSK)
-    return out_NXK.reshape(B, H, T, d_k), weights_BHTS
+    weights_NXS = weights_BHTS.reshape(B * G, -1, S).astype(cdt)
+    out_NXK = jnp.einsum("nxs,nsk->nxk", weights_NXS, v_NSK, preferred_element_type=jnp.float32)
+    return out_NXK.reshape(B, H, T, d_k).astype(q_BHTK.dtype), weights_BHTS
 
 
 def causal_blocks(T: int) -> list[tuple[int, int]]:
@@ -93,26 +100,29 @@ def causal_blocks(T: int) -> list[tuple[int, int]]:
     return [(0, T // 2), (T // 2, T)]
 
 
-def causal_attention(q_BHTK, k_BGTK, v_BGTK, mask_BHTT):
-    """`dot_product_attention` for queries and keys at the same T positions under a causal
-    mask (key t' <= query t, with or without a sliding window), skipping the upper triangle:
-    each block of queries (`causal_blocks`) attends over the keys it can see, with the same
-    result (the skipped weights are exactly 0). Returns (out_BHTK, weights_BHTT)."""
+def causal_attention(q_BHTK, k_BGTK, v_BGTK, mask_BHTT, attend=dot_product_attention):
+    """`attend` (`dot_product_attention`, or a function with its signature and results) for
+    queries and keys at the same T positions under a causal mask (key t' <= query t, with or
+    without a sliding window), skipping the upper triangle: each block of queries
+    (`causal_blocks`) attends over the keys it can see, with the same result (the skipped
+    weights are exactly 0). Returns (out_BHTK, weights_BHTT)."""
     T = q_BHTK.shape[2]
     outs, weights = [], []
     for start, stop in causal_blocks(T):
-        out_BHXK, w_BHXS = dot_product_attention(q_BHTK[:, :, start:stop], k_BGTK[:, :, :stop],
-                                                 v_BGTK[:, :, :stop],
-                                                 mask_BHTT[:, :, start:stop, :stop])
+        out_BHXK, w_BHXS = attend(q_BHTK[:, :, start:stop], k_BGTK[:, :, :stop],
+                                  v_BGTK[:, :, :stop], mask_BHTT[:, :, start:stop, :stop])
         outs.append(out_BHXK)
+        # Only a caller that keeps the weights (sown for visualize.py) pays for this: XLA
+        # drops the padding and concatenation when nothing reads them.
         weights.append(jnp.pad(w_BHXS, ((0, 0), (0, 0), (0, 0), (0, T - stop))))
     return jnp.concatenate(outs, axis=2), jnp.concatenate(weights, axis=2)
 
 
 def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
-    """The same as `dot_product_attention` through `jax.nn.dot_product_attention` (which
-    handles G < H itself). Returns out_BHTK only. `implementation`: None lets XLA choose,
-    "cudnn" demands cuDNN flash attention (an error where it cannot run)."""
+    """The same output as `dot_product_attention` through `jax.nn.dot_product_attention`
+    (which handles G < H itself). Returns out_BHTK only: this kernel never forms the weights,
+    so there is nothing to sow or to look at. `implementation`: None lets XLA choose, "cudnn"
+    demands cuDNN flash attention (an error where it cannot run)."""
     # jax.nn.dot_product_attention takes [batch, length, heads, head_dim].
     q_BTHK, k_BSGK, v_BSGK = (x.transpose(0, 2, 1, 3) for x in (q_BHTK, k_BGSK, v_BGSK))
     mask_BHTS = jnp.broadcast_to(mask_BHTS, (q_BHTK.shape[0], q_BHTK.shape[1],

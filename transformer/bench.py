@@ -7,8 +7,9 @@
 
 One process measures, in alternating rounds so that both sides see the same machine:
 - training: tokens/s and step time of `Trainer.step_fn` (the loop `train.py` runs) in float32
-  (`model.matmul = fast_f32`, or --f32_matmul=plain) and in bf16-input mixed precision
-  (`fast_bf16`), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
+  and in bf16-input mixed precision, each the fast way the kernel seam knows for this platform
+  (`kernels.train_settings`: `fast_f32` / `fast_bf16` on CPU; --f32_matmul=plain asks for
+  autodiff), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
 - decoding: `decode.generate_tokens` (prefill + one compiled scan) against HF `generate` with
@@ -19,7 +20,8 @@ One process measures, in alternating rounds so that both sides see the same mach
 - MFU against a measured matmul peak on CPU, the datasheet on accelerators (metrics.py);
 - peak memory: the train step's compiled buffer sizes, and the process's peak RSS.
 Timings are wall-clock around each step after `block_until_ready`; we report medians and the
-spread (min, max) over all repetitions.
+spread (min, max) over all repetitions. `run` returns the figures as typed records
+(bench_figures.py), which also print them as a table or one JSON object.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import (cli, config as config_lib, data, decode, fastdense, flops, matmul_auto,
+from transformer import (cli, config as config_lib, data, decode, flops, kernels, matmul_auto,
                          metrics, training)
+from transformer.bench_figures import (BenchResult, Compiles, DecodeFigures, PeerTrainFigures,
+                                      Spread, TrainFigures, format_table)
 from transformer.config import ModelConfig
 
 _HERE = Path(__file__).resolve().parent.parent
@@ -78,11 +82,6 @@ def _timed(fn):
     begin = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - begin
-
-
-def _stats(times):
-    return {"median": float(np.median(times)), "min": float(np.min(times)),
-            "max": float(np.max(times)), "n": len(times)}
 
 
 # --- ours ------------------------------------------------------------------------------------
@@ -202,6 +201,28 @@ class PeerModel:
 
 # --- the run -------------------------------------------------------------------------------
 
+PRECISION = {"f32": "float32", "bf16": "bfloat16"}  # --modes -> what the matmuls take in
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How much to measure (the command line's flags)."""
+
+    peer: bool = True
+    rounds: int = 3
+    steps: int = 5
+    warmup: int = 2
+    decode_reps: int = 2
+    prompt_len: int = 16
+    new_tokens: int = 256
+    f32_matmul: str = "fast_f32"
+    modes: tuple = ("f32", "bf16")
+
+    @property
+    def total_steps(self) -> int:
+        return 1 + self.warmup + self.rounds * self.steps
+
+
 def _decode_config(model_config: ModelConfig, prompt_len: int, new_tokens: int) -> ModelConfig:
     context = model_config.max_seq_len
     while context < prompt_len + new_tokens:
@@ -209,140 +230,149 @@ def _decode_config(model_config: ModelConfig, prompt_len: int, new_tokens: int) 
     return dataclasses.replace(model_config, max_seq_len=context)
 
 
-def run(config, *, peer=True, rounds=3, steps=5, warmup=2, decode_reps=2, prompt_len=16,
-        new_tokens=256, f32_matmul="fast_f32", modes=("f32", "bf16"), log=lambda s: None) -> dict:
-    """Runs every measurement; returns the figures as a JSON-able dict."""
-    counter = CompileCounter()
-    total_steps = 1 + warmup + rounds * steps
+def _mode_config(config, mode: str, f32_matmul: str):
+    """A copy of `config` that trains in `mode`, the fast way on this platform (the seam's
+    choice); --f32_matmul=plain asks for autodiff in float32 instead."""
+    settings = kernels.train_settings(PRECISION[mode], jax.devices()[0].platform)
+    if mode == "f32" and f32_matmul == "plain":
+        settings = {"matmul": "plain"}
+    cfg = config_lib.from_dict(config_lib.to_dict(config))
+    cfg.model.update(settings)
+    return cfg
+
+
+def _train(config, batches, counter, s: Settings, log):
+    """Our modes and the peer, warmed up, then timed in alternating rounds.
+    Returns ({mode: OurTraining}, PeerModel or None)."""
+    ours = {}
+    for mode in s.modes:
+        cfg = _mode_config(config, mode, s.f32_matmul)
+        log(f"compiling the train step ({mode}, model.matmul={cfg.model.matmul})")
+        ours[mode] = OurTraining(cfg, batches, counter, mode)
+        ours[mode].run(s.warmup, timed=False)
+    peer = None
+    if s.peer:
+        peer = PeerModel(ModelConfig.from_config(config), config.train, config.model.max_seq_len)
+        for i in range(1 + s.warmup):
+            peer.train_step(batches[i])
+    for r in range(s.rounds):
+        log(f"training round {r + 1}/{s.rounds}")
+        for mode in s.modes:
+            ours[mode].run(s.steps)
+        if peer:
+            for i in range(s.steps):
+                peer.train_times.append(peer.train_step(batches[1 + s.warmup + r * s.steps + i]))
+    return ours, peer
+
+
+def _train_figures(ours: dict, source, counter, tokens_per_step, flops_per_token,
+                   peaks) -> dict:
+    """{mode: TrainFigures}; evaluates each mode's final params on the validation split."""
+    figures = {}
+    for mode, run_ in ours.items():
+        step_s = Spread.of(run_.times)
+        tps = tokens_per_step / step_s.median
+        counter.phase = "eval"
+        val = training.evaluate(run_.trainer, run_.state.params, source,
+                                run_.trainer.config.train.seed)
+        figures[mode] = TrainFigures(
+            matmul=run_.trainer.model_config.matmul, tokens_per_s=tps, step_s=step_s,
+            compile_s=run_.compile_s, first_step_s=run_.first_step_s,
+            mfu=metrics.mfu(tps, flops_per_token, peaks[mode]), val_loss=val)
+    return figures
+
+
+def _peer_train_figures(peer, tokens_per_step, flops_per_token, peak_f32):
+    if peer is None:
+        return None
+    step_s = Spread.of(peer.train_times)
+    tps = tokens_per_step / step_s.median
+    return PeerTrainFigures(tps, step_s, metrics.mfu(tps, flops_per_token, peak_f32))
+
+
+def _decode(dec_config, params, batch, counter, peer_dec, s: Settings, log) -> DecodeFigures:
+    """Greedy decoding at `batch` rows: compile, prefill, then timed rounds against the peer."""
+    counter.phase = "other"
+    ours = OurDecoding(dec_config, params, batch, s.prompt_len, s.new_tokens, counter)
+    counter.phase = f"decode_b{batch}"
+    log(f"compiling decode, batch {batch}")
+    compile_s = ours.generate(s.new_tokens)
+    counter.phase = f"prefill_b{batch}"
+    ours.generate(1)
+    counter.phase = "other"
+    if peer_dec:
+        peer_dec.generate(ours.prompt_BP, s.new_tokens)  # warm-up
+    counter.phase = "steady"
+    times, prefill, peer_times, peer_prefill = [], [], [], []
+    for r in range(s.rounds):
+        log(f"decode round {r + 1}/{s.rounds}, batch {batch}")
+        for _ in range(s.decode_reps):
+            times.append(ours.generate(s.new_tokens))
+            prefill.append(ours.generate(1))
+        for _ in range(s.decode_reps if peer_dec else 0):
+            peer_times.append(peer_dec.generate(ours.prompt_BP, s.new_tokens))
+            peer_prefill.append(peer_dec.generate(ours.prompt_BP, 1))
+    counter.phase = "other"
+    peer = {}
+    if peer_dec:
+        peer = dict(peer_tokens_per_s=batch * s.new_tokens / np.median(peer_times),
+                    peer_decode_s=Spread.of(peer_times), peer_prefill_s=Spread.of(peer_prefill))
+    return DecodeFigures(kernels.decode_matmul(dec_config, batch), compile_s,
+                         batch * s.new_tokens / np.median(times), Spread.of(times),
+                         Spread.of(prefill), **peer)
+
+
+def _device_peak_memory_mb() -> float | None:
+    device = jax.devices()[0]
+    if device.platform != "cpu" and device.memory_stats():
+        return device.memory_stats().get("peak_bytes_in_use", 0) / 2**20
+    return None
+
+
+def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchResult:
+    """Runs every measurement: training, then decoding, with the compile counts throughout."""
+    s, counter = settings, CompileCounter()
     # the schedule every mode (and the peer's lr) follows
-    config = config_lib.validate(config_lib.replace(config, **{"train.steps": total_steps}))
+    config = config_lib.validate(config_lib.replace(config, **{"train.steps": s.total_steps}))
     tokenizer, source = data.load(config)
     config = training.resolve(config, tokenizer)
     t = config.train
     batches = [jax.device_put(source.batch(t.seed, "train", i, t.batch_size))
-               for i in range(total_steps)]  # made up front: data loading is not timed
+               for i in range(s.total_steps)]  # made up front: data loading is not timed
     model_config = ModelConfig.from_config(config)
-    T, B = model_config.max_seq_len, t.batch_size
-    tokens_per_step = B * T
-    out = {"config": config_lib.to_dict(config), "machine": _machine(), "rounds": rounds,
-           "steps_per_round": steps, "matmul_auto": dataclasses.asdict(matmul_auto.choose())}
-    log(f"model.matmul=auto picks {out['matmul_auto']['mode']}: {out['matmul_auto']['reason']}")
+    tokens_per_step = t.batch_size * model_config.max_seq_len
 
+    auto = dataclasses.asdict(matmul_auto.choose())
+    log(f"model.matmul=auto picks {auto['mode']}: {auto['reason']}")
     log("measuring the matmul peak")
     peak_f32, source_f32 = metrics.peak_flops("float32")
-    peak_bf16, source_bf16 = metrics.peak_flops("bfloat16")
-    out.update(peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16, peak_source=source_f32)
-
-    # On CPU the modes are the fast path's (fastdense.py); on GPU/TPU XLA's own kernels and
-    # autodiff, with bfloat16 compute (model.dtype) for the mixed mode.
-    on_cpu = jax.devices()[0].platform == "cpu"
-    mode_matmul = {"f32": f32_matmul if on_cpu else "plain",
-                   "bf16": "fast_bf16" if on_cpu else "plain"}
-    ours = {}
-    for mode in modes:
-        cfg = config_lib.from_dict(config_lib.to_dict(config))
-        cfg.model.matmul = mode_matmul[mode]
-        if mode == "bf16" and not on_cpu:
-            cfg.model.dtype = "bfloat16"
-        log(f"compiling the train step ({mode}, model.matmul={cfg.model.matmul})")
-        ours[mode] = OurTraining(cfg, batches, counter, mode)
-        ours[mode].run(warmup, timed=False)
-    peer_model = None
-    if peer:
-        peer_model = PeerModel(model_config, t, T)
-        for i in range(1 + warmup):
-            peer_model.train_step(batches[i])
-    for r in range(rounds):
-        log(f"training round {r + 1}/{rounds}")
-        for mode in modes:
-            ours[mode].run(steps)
-        if peer_model:
-            for i in range(steps):
-                peer_model.train_times.append(
-                    peer_model.train_step(batches[1 + warmup + r * steps + i]))
-
+    peak_bf16, _ = metrics.peak_flops("bfloat16")
+    ours, peer = _train(config, batches, counter, s, log)
     flops_per_token = flops.train_flops_per_token(model_config)
-    out["flops_per_token"] = flops_per_token
-    out["tokens_per_step"] = tokens_per_step
-    val = {}
-    for mode, run_ in ours.items():
-        step_s = _stats(run_.times)
-        suffix = "" if mode == "f32" else "_bf16"
-        tps = tokens_per_step / step_s["median"]
-        peak = peak_f32 if mode == "f32" else peak_bf16
-        out[f"train_tokens_per_s{suffix}"] = tps
-        out[f"train_step_s{suffix}"] = step_s
-        out[f"compile_s{suffix}"] = run_.compile_s
-        out[f"first_step_s{suffix}"] = run_.first_step_s
-        out[f"mfu{suffix}"] = metrics.mfu(tps, flops_per_token, peak)
-        out[f"matmul{suffix}"] = run_.trainer.model_config.matmul
-        counter.phase = "eval"
-        val[mode] = training.evaluate(run_.trainer, run_.state.params, source, t.seed)
-        out[f"val_loss{suffix}"] = val[mode]
-    if "f32" in val and "bf16" in val:
-        out["val_loss_ratio_bf16"] = val["bf16"] / val["f32"]
-    if "f32" in ours:
-        out["train_step_memory_mb"] = ours["f32"].memory_mb()
-    if peer_model:
-        step_s = _stats(peer_model.train_times)
-        out["peer_train_tokens_per_s"] = tokens_per_step / step_s["median"]
-        out["peer_train_step_s"] = step_s
-        out["peer_mfu"] = metrics.mfu(out["peer_train_tokens_per_s"], flops_per_token, peak_f32)
+    train = _train_figures(ours, source, counter, tokens_per_step, flops_per_token,
+                           {"f32": peak_f32, "bf16": peak_bf16})
+    memory_mb = ours["f32"].memory_mb() if "f32" in ours else None
+    peer_train = _peer_train_figures(peer, tokens_per_step, flops_per_token, peak_f32)
 
     counter.phase = "other"
     # Decoding: a model with room for prompt + new tokens, random weights (speed only).
-    dec_config = _decode_config(model_config, prompt_len, new_tokens)
+    dec_config = _decode_config(model_config, s.prompt_len, s.new_tokens)
     params = training.init_params(dec_config, jax.random.key(t.seed))
-    out["decode_context"] = dec_config.max_seq_len
-    out["decode_matmul"] = dec_config.matmul
-    peer_dec = PeerModel(dec_config, t, dec_config.max_seq_len) if peer else None
-    for batch in (1, 8):
-        counter.phase = "other"
-        # What the decode loop actually runs at this batch (one row keeps float32 weights).
-        out[f"decode_matmul_b{batch}"] = fastdense.decode_setup(dec_config, {}, batch)[0].matmul
-        ours_dec = OurDecoding(dec_config, params, batch, prompt_len, new_tokens, counter)
-        counter.phase = f"decode_b{batch}"
-        log(f"compiling decode, batch {batch}")
-        out[f"decode_compile_s_b{batch}"] = ours_dec.generate(new_tokens)
-        counter.phase = f"prefill_b{batch}"
-        ours_dec.generate(1)
-        counter.phase = "other"
-        if peer_dec:
-            peer_dec.generate(ours_dec.prompt_BP, new_tokens)  # warm-up
-        counter.phase = "steady"
-        times, prefill, peer_times, peer_prefill = [], [], [], []
-        for r in range(rounds):
-            log(f"decode round {r + 1}/{rounds}, batch {batch}")
-            for _ in range(decode_reps):
-                times.append(ours_dec.generate(new_tokens))
-                prefill.append(ours_dec.generate(1))
-            if peer_dec:
-                for _ in range(decode_reps):
-                    peer_times.append(peer_dec.generate(ours_dec.prompt_BP, new_tokens))
-                    peer_prefill.append(peer_dec.generate(ours_dec.prompt_BP, 1))
-        out[f"decode_tokens_per_s_b{batch}"] = batch * new_tokens / np.median(times)
-        out[f"decode_s_b{batch}"] = _stats(times)
-        out[f"prefill_s_b{batch}"] = _stats(prefill)
-        if peer_dec:
-            out[f"peer_decode_tokens_per_s_b{batch}"] = batch * new_tokens / np.median(peer_times)
-            out[f"peer_decode_s_b{batch}"] = _stats(peer_times)
-            out[f"peer_prefill_s_b{batch}"] = _stats(peer_prefill)
-        counter.phase = "other"
+    peer_dec = PeerModel(dec_config, t, dec_config.max_seq_len) if s.peer else None
+    decode_figures = {b: _decode(dec_config, params, b, counter, peer_dec, s, log)
+                      for b in (1, 8)}
 
-    out["compiles"] = dict(counter.counts)
-    out["compile_seconds"] = {k: round(v, 3) for k, v in counter.seconds.items()}
-    out["recompiles_after_warmup"] = counter.counts.get("steady", 0)
-    out["recompiled"] = sorted(set(counter.names.get("steady", [])))
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    device = jax.devices()[0]
-    if device.platform != "cpu" and device.memory_stats():
-        out["device_peak_memory_mb"] = device.memory_stats().get("peak_bytes_in_use", 0) / 2**20
-    for key in ("train_tokens_per_s", "train_tokens_per_s_bf16", "decode_tokens_per_s_b1",
-                "decode_tokens_per_s_b8"):
-        peer_key = "peer_" + key.replace("_bf16", "")
-        if key in out and peer_key in out:
-            out["ratio_" + key] = out[key] / out[peer_key]
-    return out
+    compiles = Compiles(dict(counter.counts), {k: round(v, 3) for k, v in counter.seconds.items()},
+                        sorted(set(counter.names.get("steady", []))))
+    return BenchResult(
+        config=config_lib.to_dict(config), machine=_machine(), rounds=s.rounds,
+        steps_per_round=s.steps, matmul_auto=auto, peak_flops_f32=peak_f32, peak_flops_bf16=peak_bf16,
+        peak_source=source_f32, flops_per_token=flops_per_token,
+        tokens_per_step=tokens_per_step, train=train, peer_train=peer_train,
+        train_step_memory_mb=memory_mb, decode_context=dec_config.max_seq_len,
+        decode_matmul=dec_config.matmul, decode=decode_figures, compiles=compiles,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        device_peak_memory_mb=_device_peak_memory_mb())
 
 
 def _machine() -> dict:
@@ -375,61 +405,6 @@ def _isa() -> str:
     return f"{', '.join(bf16)}; xla_cpu_max_isa cap: {cap}"
 
 
-def format_table(r: dict) -> str:
-    """The figures as a small text table with ratios (ours / peer)."""
-    m, mc = r["machine"], r["config"]["model"]
-    lines = [f"machine: {m.get('cpu', m['device_kind'])} ({m['platform']}, {m['cpu_count']} cpus), "
-             f"jax {m['jax']}, torch {m.get('torch', '-')}",
-             f"shape: {mc['n_layers']} layers, {mc['n_heads']} heads, d_model {mc['d_model']}, "
-             f"context {mc['max_seq_len']}, batch {r['config']['train']['batch_size']}, "
-             f"vocab {mc['vocab_size']}; decode context {r['decode_context']}",
-             f"peak matmul: {r['peak_flops_f32'] / 1e9:.0f} GFLOP/s f32, "
-             f"{r['peak_flops_bf16'] / 1e9:.0f} bf16-in/f32-acc ({r['peak_source']})",
-             f"isa: {m.get('isa', '-')}; model.matmul=auto picks "
-             f"{r.get('matmul_auto', {}).get('mode', '-')} "
-             f"({r.get('matmul_auto', {}).get('reason', '')})",
-             "", f"{'':38}{'ours':>10}{'peer':>10}{'ratio':>8}"]
-
-    def row(label, key, peer_key=None, fmt="{:,.0f}"):
-        if key not in r:
-            return
-        peer = r.get(peer_key) if peer_key else None
-        lines.append(f"{label:38}{fmt.format(r[key]):>10}"
-                     f"{fmt.format(peer) if peer else '-':>10}"
-                     f"{f'{r[key] / peer:.2f}x' if peer else '':>8}")
-
-    row(f"train tokens/s, f32 ({r.get('matmul', '')})", "train_tokens_per_s",
-        "peer_train_tokens_per_s")
-    row("train tokens/s, bf16 mixed", "train_tokens_per_s_bf16", "peer_train_tokens_per_s")
-    row(f"decode tokens/s, batch 1 ({r.get('decode_matmul_b1', '')})", "decode_tokens_per_s_b1",
-        "peer_decode_tokens_per_s_b1")
-    row(f"decode tokens/s, batch 8 ({r.get('decode_matmul_b8', '')})", "decode_tokens_per_s_b8",
-        "peer_decode_tokens_per_s_b8")
-    for b in (1, 8):
-        if f"prefill_s_b{b}" in r:
-            peer = r.get(f"peer_prefill_s_b{b}", {}).get("median")
-            lines.append(f"{f'prefill+1 token ms, batch {b}':38}"
-                         f"{r[f'prefill_s_b{b}']['median'] * 1e3:>10.1f}"
-                         f"{f'{peer * 1e3:.1f}' if peer else '-':>10}")
-    lines.append("")
-    for suffix, name in (("", "f32"), ("_bf16", "bf16")):
-        if f"train_step_s{suffix}" in r:
-            s = r[f"train_step_s{suffix}"]
-            lines.append(f"{name}: step {s['median'] * 1e3:.0f} ms (min {s['min'] * 1e3:.0f}, "
-                         f"max {s['max'] * 1e3:.0f}, n {s['n']}), MFU {r[f'mfu{suffix}']:.1%}, "
-                         f"compile {r[f'compile_s{suffix}']:.1f}s, val loss "
-                         f"{r[f'val_loss{suffix}']:.4f}")
-    if "peer_mfu" in r:
-        lines.append(f"peer: MFU {r['peer_mfu']:.1%} (of the f32 peak)")
-    if "val_loss_ratio_bf16" in r:
-        lines.append(f"val loss bf16 / f32: {r['val_loss_ratio_bf16']:.4f}")
-    lines.append(f"compiles: {r['compiles']}; after warm-up: {r['recompiles_after_warmup']}")
-    mem = r.get("train_step_memory_mb")
-    lines.append(f"memory: train step {f'{mem:.0f} MB' if mem else 'n/a'}, "
-                 f"process peak RSS {r['peak_rss_mb']:.0f} MB")
-    return "\n".join(lines)
-
-
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
@@ -444,11 +419,12 @@ def main(argv):
             cli.fail("the PyTorch peer needs torch and transformers: pip install -e '.[bench]' "
                      "(or pass --no_peer)")
     log = (lambda s: None) if _JSON.value else (lambda s: print(f"... {s}", file=sys.stderr))
-    result = run(cli.config_value(_CONFIG), peer=not _NO_PEER.value, rounds=_ROUNDS.value,
-                 steps=_STEPS.value, warmup=_WARMUP.value, decode_reps=_DECODE_REPS.value,
-                 prompt_len=_PROMPT_LEN.value, new_tokens=_NEW_TOKENS.value, f32_matmul=_F32_MATMUL.value,
-                 modes=modes, log=log)
-    print(json.dumps(result) if _JSON.value else format_table(result))
+    settings = Settings(peer=not _NO_PEER.value, rounds=_ROUNDS.value, steps=_STEPS.value,
+                        warmup=_WARMUP.value, decode_reps=_DECODE_REPS.value,
+                        prompt_len=_PROMPT_LEN.value, new_tokens=_NEW_TOKENS.value,
+                        f32_matmul=_F32_MATMUL.value, modes=modes)
+    result = run(cli.config_value(_CONFIG), settings, log)
+    print(json.dumps(result.to_json()) if _JSON.value else format_table(result))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import fastdense, kvcache, sampling, sharding
+from transformer import kernels, kvcache, sampling, sharding
 from transformer.config import ModelConfig
 from transformer.model import GPT, unstack_layers
 
@@ -176,7 +176,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
     S = config.max_seq_len
-    config, params = fastdense.decode_setup(config, params, B)  # bf16 kernels, or not
+    config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
     # Key i = fold_in(key, i): the first k tokens do not depend on how many are asked for.
     # Computed before the loops and used there as counter-based (`unsafe_rbg`) keys:
     # XLA-CPU lowers threefry to a while loop, and a loop nested in the decode body made XLA

@@ -5,18 +5,23 @@
     python -m transformer.explain --workdir=runs/default   # a trained model's numbers
 
 Prints, for one head: Q, K, V → scores Q Kᵀ → ÷ √d_k → causal mask → softmax →
-weights · V. Q, K and V are the ones the model computed (sown by model.py); the weights and
-the output come from the project's own `attention.dot_product_attention`; every step is then
-recomputed in plain NumPy, and the largest difference is printed (and must be < 1e-5).
+weights · V. The model runs as it trains (on CPU by default with bfloat16 matmul inputs and
+float32 accumulation, `kernels.compute_dtype`). Q, K and V are the ones the model computed
+(sown by model.py); the weights and the output come from the project's own
+`attention.dot_product_attention` in the model's compute dtype, and the model's own sown
+weights are compared too; every step is then recomputed in plain NumPy (float64, with the
+matmul inputs rounded to the compute dtype as the model rounds them), and the largest
+difference is printed (and must be < 1e-5).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer import attention, cli
+from transformer import attention, cli, kernels
 from transformer.config import ModelConfig, base_config, validate
 from transformer.data import tokenizers
 from transformer.decode import PromptError
@@ -31,23 +36,30 @@ def small_model(seed: int = 0):
     c = base_config()
     c.model.update(d_model=32, n_layers=2, n_heads=4, d_ff=128, max_seq_len=32)
     c.sample.max_new_tokens = 16
-    c.model.matmul = "plain"  # float32 arithmetic, the same as the NumPy written out below
     config = ModelConfig.from_config(validate(c))
     return config, init_params(config, jax.random.key(seed)), tokenizers.ByteTokenizer()
 
 
-def project_steps(q_TK, k_TK, v_TK, window: int = 0) -> dict:
+def project_steps(q_TK, k_TK, v_TK, window: int = 0, compute_dtype: str = "float32") -> dict:
     """The project's attention on one head: its weights and output (numpy)."""
     T = q_TK.shape[0]
     out, weights = attention.dot_product_attention(q_TK[None, None], k_TK[None, None],
                                                    v_TK[None, None],
-                                                   attention.causal_mask(T, window))
+                                                   attention.causal_mask(T, window),
+                                                   compute_dtype)
     return {"weights": np.asarray(weights[0, 0]), "out": np.asarray(out[0, 0])}
 
 
-def numpy_steps(q_TK, k_TK, v_TK, window: int = 0) -> dict:
-    """The same arithmetic written out in NumPy (float64), one named step at a time."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q_TK, k_TK, v_TK))
+def rounded(x, compute_dtype: str) -> np.ndarray:
+    """x as a matmul in `compute_dtype` reads it (bfloat16 keeps 8 bits of mantissa), float64."""
+    x_c = jnp.asarray(x, jnp.float32).astype(compute_dtype)
+    return np.asarray(x_c.astype(jnp.float32), np.float64)
+
+
+def numpy_steps(q_TK, k_TK, v_TK, window: int = 0, compute_dtype: str = "float32") -> dict:
+    """The same arithmetic written out in NumPy (float64), one named step at a time; the
+    matmul inputs are rounded to `compute_dtype` first, as the model's matmuls round them."""
+    q, k, v = (rounded(x, compute_dtype) for x in (q_TK, k_TK, v_TK))
     T, d_k = q.shape
     scores = q @ k.T                                       # how well query i matches key j
     scaled = scores / np.sqrt(d_k)                         # keeps the softmax out of saturation
@@ -56,8 +68,9 @@ def numpy_steps(q_TK, k_TK, v_TK, window: int = 0) -> dict:
     masked = np.where(visible, scaled, -np.inf)            # no looking at the future
     e = np.exp(masked - masked.max(axis=1, keepdims=True))
     weights = e / e.sum(axis=1, keepdims=True)             # each row sums to 1
+    out = rounded(weights, compute_dtype) @ v              # rows of V, mixed by the weights
     return {"q": q, "k": k, "v": v, "scores": scores, "scaled": scaled, "masked": masked,
-            "weights": weights, "out": weights @ v}
+            "weights": weights, "out": out}
 
 
 def explain(model_config: ModelConfig, params, tokens: list[int], layer: int = 0,
@@ -67,8 +80,9 @@ def explain(model_config: ModelConfig, params, tokens: list[int], layer: int = 0
     sown = layers[layer]
     g = head // (model_config.n_heads // model_config.kv_heads)  # the K/V head it reads
     q, k, v = sown["queries"][head], sown["keys"][g], sown["values"][g]
-    ref = numpy_steps(q, k, v, model_config.sliding_window)
-    ours = project_steps(q, k, v, model_config.sliding_window)
+    dtype = kernels.compute_dtype(model_config)
+    ref = numpy_steps(q, k, v, model_config.sliding_window, dtype)
+    ours = project_steps(q, k, v, model_config.sliding_window, dtype)
     ours["model_weights"] = sown["attention_weights"][head]  # what the full model computed
     return ref, ours
 
@@ -102,9 +116,13 @@ def report(ref: dict, ours: dict, labels: list[str], layer: int, head: int,
     ref = {**ref, **{k: ref[k][:, :shown] for k in ("q", "k", "v", "out")}}
     rope = " (already rotated by RoPE)" if model_config.position == "rope" else ""
     window = model_config.sliding_window
+    dtype = kernels.compute_dtype(model_config)
+    rounding = ("" if dtype == "float32" else
+                f"\nThe model's matmuls read {dtype} inputs (float32 accumulation): Q, K, V and "
+                f"the weights below are rounded to {dtype} before each product, as it does.")
     parts = [
         f"layer {layer}, head {head}: d_k = {d_k}, T = {len(labels)} tokens{rope}"
-        + (f" (Q, K, V shown: dims 0..{shown - 1} of {d_k})" if shown < d_k else ""),
+        + (f" (Q, K, V shown: dims 0..{shown - 1} of {d_k})" if shown < d_k else "") + rounding,
         _matrix("1. Q = x W_Q: what each position looks for", ref["q"], rows, dims),
         _matrix("2. K = x W_K: what each position offers to be found by", ref["k"], rows, dims),
         _matrix("3. V = x W_V: what each position passes on when attended to", ref["v"], rows,

@@ -32,7 +32,7 @@ ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
 # The matmul kernels a model can run; "auto" is resolved per machine (matmul_auto.py) before
-# a model is built. The kernels themselves are in fastdense.py.
+# a model is built. The kernels themselves are in kernels/
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")

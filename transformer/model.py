@@ -6,7 +6,7 @@
       x    = x + W_2 · GELU(LN(x) W_1)                 the MLP: expand, non-linearity, project back
     logits = LN(x) E^T                                 output head tied to the embedding
 
-That is the default (GPT-2's design). The parts can be swapped by config (docs/README-inside.md):
+That is the default (GPT-2's design). The parts can be swapped by config (docs/inside.md):
     model.position=rope          no P; Q and K are rotated by their positions (rope.py)
     model.norm=rmsnorm           RMSNorm(x) = x / rms(x) · g instead of LayerNorm
     model.norm_placement=post    x = LN(x + Attention(x)); x = LN(x + MLP(x)); no final LN
@@ -15,6 +15,9 @@ That is the default (GPT-2's design). The parts can be swapped by config (docs/R
     model.sliding_window=w       each position attends to the last w positions only
     model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums (XLA's)
     model.attention_kernel=cudnn the same with cuDNN flash attention (NVIDIA GPU, bfloat16)
+How the matmuls are computed (flax's layers and autodiff, or hand-written backward passes for
+CPU) is not this file's business: it asks `kernels.for_model(config)` for its dense layers
+and attention.
 
 Shapes: B batch, T positions, D d_model, H heads, G key/value heads, K head dim (D = H·K),
 F MLP width, V vocabulary, S cache slots, L layers. Parameters carry logical axis names
@@ -24,7 +27,8 @@ The same module runs training (tokens → logits) and cached generation (tokens 
 logits + updated cache); the cached path always runs the blocks unrolled so that each layer
 has its own cache arrays (see `unstack_layers`). Attention weights, queries, keys and values
 are sown into the `intermediates` collection (`apply(..., mutable=["intermediates"])`), which
-is how visualize.py and explain.py look inside.
+is how visualize.py and explain.py look inside; every attention path sows its weights except
+the `jax` kernel, which never forms them.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention, fastdense, kvcache, rope
+from transformer import attention, kernels, kvcache, rope
 from transformer.config import ModelConfig
 
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
@@ -81,12 +85,12 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
         c = self.config
         H, G, K = c.n_heads, c.kv_heads, c.head_dim
-        dense = fastdense.factory(c)  # nn.DenseGeneral, or the CPU fast path
+        ops = kernels.for_model(c)  # how the matmuls are computed: the seam decides
         init = nn.initializers.normal(INIT_STD)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
 
         def project(name, heads, axis):
-            return dense((heads, K), name=name,
+            return ops.dense((heads, K), name=name,
                          kernel_init=_logical(init, ("embed", axis, "head_dim")),
                          bias_init=_logical(nn.initializers.zeros, (axis, "head_dim")))
 
@@ -104,25 +108,14 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # generation: keys and values of earlier tokens come from the cache
             cache = kvcache.write(cache, k_BGTK, v_BGTK, index)
             k_BGSK, v_BGSK = kvcache.read(cache, x_BTD.shape[0])
-        else:
-            k_BGSK, v_BGSK = k_BGTK, v_BGTK
-
-        if cache is None and c.matmul != "plain" and c.attention_kernel == "einsum":
-            out_BHTK = fastdense.causal_attention(c, q_BHTK, k_BGSK, v_BGSK, c.sliding_window)
-        elif c.attention_kernel in ("jax", "cudnn"):
-            # cuDNN's fused kernel for training and scoring; decoding (one query against a
-            # partly filled cache) stays with XLA's version.
-            fused = c.attention_kernel == "cudnn" and cache is None
-            out_BHTK = attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask,
-                                               implementation="cudnn" if fused else None)
-        else:
-            attend = attention.dot_product_attention if cache is not None else (
-                attention.causal_attention)  # training and scoring: skip the upper triangle
-            out_BHTK, weights_BHTS = attend(q_BHTK, k_BGSK, v_BGSK, mask)
+            out_BHTK, weights_BHTS = ops.cached_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+        else:  # training and scoring: the causal triangle only
+            out_BHTK, weights_BHTS = ops.self_attention(q_BHTK, k_BGTK, v_BGTK, mask)
+        if weights_BHTS is not None:  # None: the `jax` kernel never forms them
             self.sow("intermediates", "attention_weights", weights_BHTS)
 
         # Concatenating the heads and applying W_O is one contraction over (H, K).
-        y_BTD = dense(c.d_model, axis=(-2, -1), name="out",
+        y_BTD = ops.dense(c.d_model, axis=(-2, -1), name="out",
                       kernel_init=_logical(out_init, ("heads", "head_dim", "embed")),
                       bias_init=_logical(nn.initializers.zeros, ("embed",)))(
                           out_BHTK.transpose(0, 2, 1, 3))
@@ -143,7 +136,8 @@ class MLP(nn.Module):
     def __call__(self, x_BTD):
         c = self.config
         F = c.mlp_hidden
-        dense = functools.partial(fastdense.factory(c, nn.Dense), F,  # or the CPU fast path
+        ops = kernels.for_model(c)
+        dense = functools.partial(ops.dense, F,
                                   kernel_init=_logical(nn.initializers.normal(INIT_STD),
                                                        ("embed", "mlp")),
                                   bias_init=_logical(nn.initializers.zeros, ("mlp",)))
@@ -156,7 +150,7 @@ class MLP(nn.Module):
         else:
             h_BTF = jax.nn.gelu(h_BTF, approximate=True)
         out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
-        return fastdense.factory(c, nn.Dense)(
+        return ops.dense(
             c.d_model, name="project", kernel_init=_logical(out_init, ("mlp", "embed")),
             bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
 

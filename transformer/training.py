@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import config as config_lib, data, flops, sharding, sizes
+from transformer import config as config_lib, data, flops, kernels, sharding, sizes
 from transformer.config import ConfigError, ModelConfig
 from transformer.model import GPT, count_params, init_params
 from transformer.optimizer import make_optimizer
@@ -91,9 +91,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batch
 
 def compute_precision(model_config: ModelConfig) -> str:
     """The dtype the matmuls run in, for choosing the peak that MFU divides by."""
-    if model_config.matmul == "fast_bf16" or model_config.dtype == "bfloat16":
-        return "bfloat16"
-    return "float32"
+    return kernels.compute_dtype(model_config)
 
 
 def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:

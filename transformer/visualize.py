@@ -8,8 +8,11 @@ writes into --out
     next_token.png           the most likely next tokens after the prompt, with probabilities
 
 The weights come from the model itself: `GPT.apply(..., mutable=["intermediates"])` returns
-what each attention layer sowed (model.py), so the picture is of the code that trains and
-samples, not of a second implementation. Prompts of 10-40 tokens read best.
+what each attention layer sowed (model.py), computed by the kernels the run trained with
+(`model.matmul`; on CPU by default the bfloat16-input fast path), so the picture is of the
+code that trains, not of a second implementation. One exception: a model trained with
+`attention_kernel=jax` is looked at through the einsum kernel, because the jax kernel never
+forms the weights (the two compute the same attention). Prompts of 10-40 tokens read best.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib
+from transformer import checkpoint, cli, config as config_lib, kernels
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.decode import PromptError
@@ -37,8 +40,6 @@ def load_run(workdir, step=None):
         raise checkpoint.CheckpointError(f"{workdir}: no checkpoint yet; train first")
     meta = ckpts.read_meta(step)
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    # Looking inside uses the float32 reference matmuls (params are the same in every mode).
-    model_config = dataclasses.replace(model_config, matmul="plain")
     # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
@@ -52,9 +53,10 @@ def look_inside(model_config: ModelConfig, params, tokens: list[int]):
 
     Returns (weights_LHTT, logits_TV, intermediates): attention weights per layer (numpy,
     float32), the logits, and the raw per-layer intermediates (queries, keys, values, ...).
-    The einsum kernel is used because it forms the weights; the jax kernel agrees with it.
+    The einsum kernel is used because it forms the weights; the jax kernel never does, and
+    computes the same attention (tests/test_attention.py).
     """
-    config = dataclasses.replace(model_config, scan_layers=False, attention_kernel="einsum")
+    config = kernels.forming_weights(dataclasses.replace(model_config, scan_layers=False))
     params = unstack_layers(params, config.n_layers)
     tokens_1T = jnp.asarray([tokens], jnp.int32)
     logits_1TV, state = GPT(config).apply({"params": params}, tokens_1T,

@@ -1,0 +1,175 @@
+"""The kernel seam (transformer/kernels/): every matmul mode gives the plain path's numbers and
+parameters, every attention path that forms weights sows them, and the model and decoder
+never look at how the matmuls are computed."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import decode, kernels, training
+from transformer.kernels import dense
+from transformer.config import ConfigError, ModelConfig, base_config, validate
+from transformer.model import GPT
+
+
+def _loss_and_grads(config, params, tokens):
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+             "weights": jnp.ones(tokens[:, 1:].shape, jnp.float32)}
+    return jax.jit(jax.value_and_grad(training.loss_fn), static_argnums=2)(params, batch, config)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_config, tiny_params):
+    tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, tiny_config.vocab_size)
+    return tiny_config, tiny_params, tokens, _loss_and_grads(tiny_config, tiny_params, tokens)
+
+
+def test_every_mode_has_the_same_parameters(tiny_config, tiny_params):
+    for mode in kernels.MODES:
+        config = dataclasses.replace(tiny_config, matmul=mode)
+        params = training.init_params(config, jax.random.key(0))
+        assert jax.tree.structure(params) == jax.tree.structure(tiny_params)
+        # Same initialisers and names: a checkpoint from one mode loads in any other.
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(tiny_params)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+
+
+def test_fast_f32_matches_plain_loss_and_gradients(setup):
+    config, params, tokens, (loss, grads) = setup
+    fast_loss, fast_grads = _loss_and_grads(
+        dataclasses.replace(config, matmul="fast_f32"), params, tokens)
+    np.testing.assert_allclose(fast_loss, loss, rtol=1e-6)
+    for g, f in zip(jax.tree.leaves(grads), jax.tree.leaves(fast_grads)):
+        np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-6)
+
+
+def test_fast_bf16_is_close_to_float32(setup):
+    config, params, tokens, (loss, grads) = setup
+    bf_loss, bf_grads = _loss_and_grads(
+        dataclasses.replace(config, matmul="fast_bf16"), params, tokens)
+    assert abs(float(bf_loss) - float(loss)) < 1e-2 * float(loss)
+    total = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
+    for g, b in zip(jax.tree.leaves(grads), jax.tree.leaves(bf_grads)):
+        assert b.dtype == jnp.float32  # float32 params get float32 gradients
+        # bfloat16 keeps 8 bits of mantissa: each gradient within a few percent in norm
+        # (gradients that are zero in exact arithmetic, like the key bias's, get rounding noise).
+        assert float(jnp.linalg.norm(b - g)) <= 0.05 * float(jnp.linalg.norm(g)) + 1e-4 * total
+
+
+def test_matmul_custom_backward_equals_autodiff():
+    x = jax.random.normal(jax.random.key(0), (3, 5, 7))
+    w = jax.random.normal(jax.random.key(1), (7, 4))
+    f = lambda x, w: jnp.sum(jnp.sin(dense.matmul(x, w, "float32")))  # noqa: E731
+    ref = lambda x, w: jnp.sum(jnp.sin(x @ w))  # noqa: E731
+    for got, want in zip(jax.grad(f, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["fast_f32", "fast_bf16"])
+def test_cached_decoding_matches_the_full_forward_in_fast_modes(setup, mode):
+    config, params, tokens, _ = setup
+    config = dataclasses.replace(config, matmul=mode)
+    full_BTV = GPT(config).apply({"params": params}, tokens[:, :9])
+    cache = decode.new_cache(config=config, batch=2)
+    start_B = jnp.zeros((2,), jnp.int32)
+    prefill_BTV, cache = decode._forward(config, params, tokens[:, :8], cache, 0, start_B)
+    step_B1V, _ = decode._forward(config, params, tokens[:, 8:9], cache, 8, start_B)
+    tol = 1e-4 if mode == "fast_f32" else 3e-2
+    np.testing.assert_allclose(prefill_BTV, full_BTV[:, :8], atol=tol)
+    np.testing.assert_allclose(step_B1V[:, 0], full_BTV[:, 8], atol=tol)
+
+
+def test_unknown_matmul_mode_is_refused():
+    config = base_config()
+    config.model.matmul = "fast"
+    with pytest.raises(ConfigError, match="model.matmul"):
+        validate(config)
+
+
+def test_model_config_carries_the_mode():
+    config = base_config()
+    config.model.matmul = "fast_bf16"
+    assert ModelConfig.from_config(config).matmul == "fast_bf16"
+
+
+@pytest.mark.parametrize("mode", ["plain", "fast_f32", "fast_bf16"])
+def test_every_einsum_path_sows_the_attention_weights(setup, mode):
+    """Training-shaped (T = 64: two causal blocks) and cached forward passes both sow weights:
+    rows sum to one, zero on future keys, and within bf16 rounding of the plain path's."""
+    config, params, tokens, _ = setup
+    config = dataclasses.replace(config, matmul=mode)
+    long_BT = jax.random.randint(jax.random.key(2), (2, 64), 0, config.vocab_size)
+
+    def sown_weights(config):
+        _, state = GPT(config).apply({"params": params}, long_BT,
+                                     mutable=["intermediates"])
+        return np.stack([state["intermediates"][f"block_{i}"]["attn"]["attention_weights"][0]
+                         for i in range(config.n_layers)])
+
+    weights_LBHTT = sown_weights(config)
+    np.testing.assert_allclose(weights_LBHTT.sum(-1), 1.0, atol=1e-5)
+    assert not np.triu(weights_LBHTT, k=1).any()
+    plain = sown_weights(dataclasses.replace(config, matmul="plain"))
+    np.testing.assert_allclose(weights_LBHTT, plain, atol=1e-6 if mode != "fast_bf16" else 2e-2)
+    cache = decode.new_cache(config=config, batch=2)
+    _, state = jax.jit(lambda p, c: GPT(config).apply(
+        {"params": p}, tokens[:, :8], cache=c, index=0, start_B=jnp.zeros((2,), jnp.int32),
+        mutable=["intermediates"]))(params, cache)
+    assert state["intermediates"]["block_0"]["attn"]["attention_weights"][0].shape == (
+        2, config.n_heads, 8, config.max_seq_len)
+
+
+def test_the_jax_kernel_sows_no_weights_and_forming_weights_picks_einsum(setup):
+    config, params, tokens, _ = setup
+    jax_kernel = dataclasses.replace(config, attention_kernel="jax")
+    _, state = GPT(jax_kernel).apply({"params": params}, tokens[:, :8],
+                                     mutable=["intermediates"])
+    assert "attention_weights" not in state["intermediates"]["block_0"]["attn"]
+    assert kernels.forming_weights(jax_kernel).attention_kernel == "einsum"
+    assert kernels.forming_weights(config) == config
+
+
+def test_decode_setup_casts_kernels_for_batches_and_keeps_one_row_float32(tiny_config,
+                                                                           tiny_params):
+    config = dataclasses.replace(tiny_config, matmul="fast_bf16")
+    one, params_1 = kernels.decode_setup(config, tiny_params, 1)
+    assert one.matmul == "fast_f32" and params_1 is tiny_params
+    eight, params_8 = kernels.decode_setup(config, tiny_params, 8)
+    assert eight.matmul == "fast_bf16"
+    for path, x in jax.tree_util.tree_leaves_with_path(params_8):
+        is_kernel = getattr(path[-1], "key", None) == "kernel"
+        assert x.dtype == (jnp.bfloat16 if is_kernel else jnp.float32), path
+    for mode in ("plain", "fast_f32"):
+        same = dataclasses.replace(tiny_config, matmul=mode)
+        assert kernels.decode_setup(same, tiny_params, 8) == (same, tiny_params)
+
+
+def test_compute_dtype_and_train_settings_name_the_precision():
+    c = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8, max_seq_len=8,
+                    matmul="plain")
+    assert kernels.compute_dtype(c) == "float32"
+    assert kernels.compute_dtype(dataclasses.replace(c, matmul="fast_bf16")) == "bfloat16"
+    assert kernels.compute_dtype(dataclasses.replace(c, dtype="bfloat16")) == "bfloat16"
+    for platform in ("cpu", "gpu"):
+        for precision in ("float32", "bfloat16"):
+            settings = kernels.train_settings(precision, platform)
+            assert kernels.compute_dtype(dataclasses.replace(c, **settings)) == precision
+            assert settings["matmul"] in kernels.MODES
+
+
+@pytest.mark.parametrize("name", ["model.py", "decode.py"])
+def test_model_and_decoder_leave_the_matmuls_to_the_seam(name):
+    """They neither read model.matmul / attention_kernel nor import the fast path's modules."""
+    tree = ast.parse((Path(training.__file__).parent / name).read_text())
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not read & {"matmul", "attention_kernel"}
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                for alias in node.names} | {node.module for node in ast.walk(tree)
+                                            if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"dense", "attention_vjp", "transformer.kernels"}
