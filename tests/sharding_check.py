@@ -94,7 +94,7 @@ def cache_moves(trainer, params, batch):
     key = np.asarray(jax.random.key_data(jax.random.key(0)))
     args = (jax.device_put(params, param_sh), cache_fn(), put(np.zeros((batch, 16), np.int32)),
             put(np.zeros(batch, np.int32)), put(key), put(np.float32(0)), put(np.int32(0)),
-            put(np.float32(1)), put(np.int32(-1)))
+            put(np.float32(1)), put(np.int32(-1)), put(np.int32(6)))
     hlo = generate_fn.lower(*args).compile().as_text()
     return [line.strip()[:200] for line in hlo.splitlines()
             if re.search(r"(all-to-all|collective-permute)(-start)?\(", line)

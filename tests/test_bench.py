@@ -59,7 +59,9 @@ def test_bench_json_has_the_figures_and_no_recompiles():
     assert r["config"]["model"]["d_model"] == 64
     # One program per shape: repeated steps and generations never compile again.
     assert r["recompiles_after_warmup"] == 0
-    assert r["compiles"]["decode_b1"] <= 2 and r["compiles"]["prefill_b1"] == 1
+    # Decoding compiles its cache allocation, the one program of its token budget and the
+    # slice of the budget down to the request; prefilling (another length) compiles one.
+    assert r["compiles"]["decode_b1"] <= 3 and r["compiles"]["prefill_b1"] == 1
 
 
 def test_bench_without_the_peer_prints_a_table():

@@ -20,7 +20,8 @@ from transformer.config import ModelConfig
 from transformer.model import GPT, init_params
 
 S = 32
-BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=S)
+BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=S,
+                   matmul="plain")  # float32 arithmetic: the checks compare at 1e-4
 VARIANTS = {  # name: (config, the policy it must get)
     "learned": (BASE, "reprefill"),
     "rope": (dataclasses.replace(BASE, position="rope"), "reprefill"),

@@ -298,7 +298,9 @@ def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, 
     tokens_BN, cache = _program(params, cache, prompt_BP, start_B, key, temperature, top_k,
                                 top_p, eos_id, jnp.int32(max_new_tokens), jnp.int32(0),
                                 config=config, budget=token_budget(max_new_tokens))
-    return tokens_BN[:, :max_new_tokens], cache
+    if tokens_BN.shape[1] != max_new_tokens:  # a budget bucket above the request
+        tokens_BN = tokens_BN[:, :max_new_tokens]
+    return tokens_BN, cache
 
 
 @functools.lru_cache(maxsize=16)
