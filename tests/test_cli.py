@@ -59,7 +59,7 @@ def test_sample_streams_the_same_text_past_the_context(trained):
 
 def test_second_train_resumes_at_the_saved_step(trained, tmp_path):
     workdir, _ = trained
-    # Training longer changes the config: it must be allowed explicitly (docs/README-resume.md).
+    # Training longer changes the config: it must be allowed explicitly (docs/resume.md).
     result = run_cli("train.py", *TINY[:-1], "--config.train.steps=30", f"--workdir={workdir}",
                      "--no_progress", "--allow_change=train.steps")
     assert result.returncode == 0, result.stderr
