@@ -17,7 +17,7 @@ import numpy as np
 
 from transformer import chinchilla, flops, plot
 from transformer.config import ConfigError, ModelConfig
-from transformer.inspect import human
+from transformer.sizes import human
 
 
 def runs_of(rows) -> list[dict]:
