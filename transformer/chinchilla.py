@@ -67,8 +67,8 @@ def approach2(runs) -> dict | None:
         N, D, loss = _arrays(at, "N", "D", "loss")
         logN, logD = np.log(N), np.log(D)
         n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
-        if n_min is None or d_min is None:
-            continue
+        if n_min is None or d_min is None or max(abs(n_min[0]), abs(d_min[0])) > 700:
+            continue  # no valley, or one so flat its vertex overflows exp (a bootstrap resample)
         budgets[C] = dict(N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
                           loss_opt=float(np.polyval(n_min[1], n_min[0])), parabola=n_min[1],
                           inside=bool(logN.min() <= n_min[0] <= logN.max()))
@@ -77,6 +77,8 @@ def approach2(runs) -> dict | None:
     logC = np.log(list(budgets))
     a, log_kN = np.polyfit(logC, np.log([b["N_opt"] for b in budgets.values()]), 1)
     b, log_kD = np.polyfit(logC, np.log([b["D_opt"] for b in budgets.values()]), 1)
+    if not (np.isfinite([a, b]).all() and max(abs(log_kN), abs(log_kD)) < 700):
+        return None
     return dict(budgets=budgets, a=float(a), b=float(b), kN=math.exp(log_kN),
                 kD=math.exp(log_kD))
 

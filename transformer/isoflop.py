@@ -88,25 +88,33 @@ def optimum(fits, C: float) -> dict:
 
 
 def nearest_size(sweep: dict | None, n_target: float) -> str:
-    """The size of the sweep's ladder rule (d_model = aspect·L, fixed head dim) whose
+    """The size of the sweep's ladder rule (d_model = aspect·L, fixed head dim; or, when every
+    size has the same depth, any width at that depth) whose
     non-embedding count is nearest n_target in log space."""
     if not sweep or not sweep.get("sizes"):
         return "(no sweep.json: ladder unknown)"
-    size0 = sweep["sizes"][0]
-    aspect = size0["d_model"] // size0["n_layers"]
-    head_dim = size0["d_model"] // size0["n_heads"]
+    sizes = sweep["sizes"]
+    size0 = sizes[0]
     mlp_ratio = size0["d_ff"] // size0["d_model"]
+    if len(sizes) > 1 and len({s["n_layers"] for s in sizes}) == 1:
+        # a fixed-depth ladder: width alone sets N; heads of at most the ladder's head dim
+        L = size0["n_layers"]
+        head_dim = max(s["d_model"] // s["n_heads"] for s in sizes)
+        shapes = [(L, d, -(-d // head_dim)) for d in range(4, 8193, 4)]
+        shapes = [(L, d, h) for L, d, h in shapes if not d % h]
+    else:
+        aspect = size0["d_model"] // size0["n_layers"]
+        head_dim = size0["d_model"] // size0["n_heads"]
+        shapes = [(L, aspect * L, aspect * L // head_dim) for L in range(1, 129)
+                  if not aspect * L % head_dim]
     best = None
-    for L in range(1, 129):
-        d = aspect * L
-        if d % head_dim:
-            continue
-        m = ModelConfig(vocab_size=1, d_model=d, n_layers=L, n_heads=d // head_dim,
+    for L, d, heads in shapes:
+        m = ModelConfig(vocab_size=1, d_model=d, n_layers=L, n_heads=heads,
                         d_ff=mlp_ratio * d, max_seq_len=1)
         n = flops.param_counts(m)["non_embedding"]
         gap = abs(math.log(n / n_target))
         if best is None or gap < best[0]:
-            best = (gap, f"n_layers={L}, d_model={d}, n_heads={d // head_dim}, "
+            best = (gap, f"n_layers={L}, d_model={d}, n_heads={heads}, "
                          f"d_ff={mlp_ratio * d} ({human(n)} non-embedding params)")
     return best[1]
 

@@ -1,22 +1,42 @@
-"""IsoFLOP curves on CPU (Hoffmann et al. 2022, approaches 2 and 3): 5 sizes at each of 3
-compute budgets, 3e11, 1e12 and 3e12 FLOPs; every size gets tokens = budget / (its training
+"""IsoFLOP curves on CPU (Hoffmann et al. 2022, approaches 2 and 3): 7 widths at each of 3
+compute budgets, 2e11, 6e11 and 2e12 FLOPs; every size gets tokens = budget / (its training
 FLOPs per token), so at each budget small models see many tokens and large ones few.
 
     python -m transformer.scaling --sweep=configs/scaling/cpu_isoflop.py --workdir=runs/isoflop
     python -m transformer.scaling --workdir=runs/isoflop --report
-    python -m transformer.scaling --workdir=runs/isoflop --predict --flops=1e13
+    python -m transformer.scaling --workdir=runs/isoflop --predict --flops=6e12
     python -m transformer.scaling --workdir=runs/isoflop --report --holdout=largest
 
-Sizing rule (transformer.scaling.ladder): d_model = 16 × n_layers, heads of 16, d_ff =
-4 × d_model, n_layers = 1..5: 3.3K → 389K non-embedding params. A first run with
-n_layers = 2..6 found the smallest size best at 3e11 (no valley), so the ladder starts lower. Byte-level BPE with 1024 tokens,
-context 128, batch 8 (1,024 tokens a step: the largest model still gets ~60 steps at the
-smallest budget), cosine schedule with 20 warmup steps, one evaluation at the end over
-32 held-out batches. 15 runs, 2.2e13 FLOPs in all: about 20 minutes on 2 idle cores.
+Sizes: 2 layers, d_model 8, 12, 16, 24, 32, 48, 64 (about 1.5x apart in width, 2.2x in
+non-embedding params: 1.7K → 99K), heads of at most 16 dims, d_ff = 4 × d_model. A fixed
+depth lets width alone set N, so the ladder is fine enough to put each budget's minimum
+between its ends. A first version (n_layers 1..5 of the aspect-16 rule at 3e11..3e12) had
+its smallest size best at 3e11 and no valley anywhere; its runs at 1e12 put the optimum
+near 25K non-embedding params, so these budgets and sizes bracket that.
+
+Note: with a 1024-token vocabulary the tied output head (6·V·d FLOPs per token) costs more
+than the blocks for d <= 32, so C is not 6·N·D here; N in the fits is non-embedding params,
+D tokens, and C the counted training FLOPs (head and attention included).
+
+Byte-level BPE with 1024 tokens, context 128, batch 8 (1,024 tokens a step: the largest
+model still gets ~180 steps at the smallest budget), cosine schedule with 20 warmup steps,
+one evaluation at the end over 32 held-out batches. 21 runs, 2.0e13 FLOPs in all: about
+20 minutes on 2 idle cores.
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling import sweep_config
+
+WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96)
+
+
+def sizes(n_layers=2, widths=WIDTHS, max_head_dim=16, mlp_ratio=4):
+    out = []
+    for d in widths:
+        heads = -(-d // max_head_dim)
+        out.append(dict(name=f"L{n_layers}-d{d}", n_layers=n_layers, d_model=d,
+                        n_heads=heads, d_ff=mlp_ratio * d))
+    return out
 
 
 def get_config():
@@ -26,5 +46,4 @@ def get_config():
     base.data.update(tokenizer="bpe", bpe_vocab_size=1024, max_bytes=4_000_000)
     base.train.update(batch_size=8, lr=2e-3, warmup_steps=20, log_every=50,
                       eval_every=1_000_000, eval_batches=32, ckpt_every=1000)
-    return sweep_config(base, ladder(range(1, 6), aspect=16, head_dim=16),
-                        budget_kind="flops", budgets=[3e11, 1e12, 3e12])
+    return sweep_config(base, sizes(), budget_kind="flops", budgets=[2e11, 6e11, 2e12])
