@@ -1,4 +1,4 @@
-"""IsoFLOP curves on CPU (Hoffmann et al. 2022, approaches 2 and 3): 7 widths at each of 3
+"""IsoFLOP curves on CPU (Hoffmann et al. 2022, approaches 2 and 3): 8 widths at each of 3
 compute budgets, 2e11, 6e11 and 2e12 FLOPs; every size gets tokens = budget / (its training
 FLOPs per token), so at each budget small models see many tokens and large ones few.
 
@@ -7,8 +7,8 @@ FLOPs per token), so at each budget small models see many tokens and large ones 
     python -m transformer.scaling --workdir=runs/isoflop --predict --flops=6e12
     python -m transformer.scaling --workdir=runs/isoflop --report --holdout=largest
 
-Sizes: 2 layers, d_model 8, 12, 16, 24, 32, 48, 64 (about 1.5x apart in width, 2.2x in
-non-embedding params: 1.7K → 99K), heads of at most 16 dims, d_ff = 4 × d_model. A fixed
+Sizes: 2 layers, d_model 8, 12, 16, 24, 32, 48, 64, 96 (about 1.5x apart in width, 2.2x
+in non-embedding params: 1.76K → 224K), heads of at most 16 dims, d_ff = 4 × d_model. A fixed
 depth lets width alone set N, so the ladder is fine enough to put each budget's minimum
 between its ends. A first version (n_layers 1..5 of the aspect-16 rule at 3e11..3e12) had
 its smallest size best at 3e11 and no valley anywhere; its runs at 1e12 put the optimum
@@ -19,9 +19,10 @@ than the blocks for d <= 32, so C is not 6·N·D here; N in the fits is non-embe
 D tokens, and C the counted training FLOPs (head and attention included).
 
 Byte-level BPE with 1024 tokens, context 128, batch 8 (1,024 tokens a step: the largest
-model still gets ~180 steps at the smallest budget), cosine schedule with 20 warmup steps,
-one evaluation at the end over 32 held-out batches. 21 runs, 2.0e13 FLOPs in all: about
-20 minutes on 2 idle cores.
+model still gets ~95 steps at the smallest budget), cosine schedule with 20 warmup steps,
+one evaluation at the end over 32 held-out batches. 24 runs, 2.2e13 FLOPs in all: 33 minutes
+measured on 2 contended cores (docs/scaling.md), likely 20-25 idle; the smallest widths
+are bound by per-step overhead, not FLOPs.
 """
 
 from transformer.config import base_config
