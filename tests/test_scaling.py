@@ -229,13 +229,16 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
                 run = tmp_path / name
                 run.mkdir()
                 (run / "result.json").write_text(json.dumps(dict(
-                    name=name, budget="tokens", budget_value=1e6, n_layers=1, d_model=8,
+                    name=name, budget="tokens", budget_value=1e6, n_layers=k + 1, d_model=8,
                     steps=10, tokens=1e6, params_total=int(n), params_non_embedding=int(n),
                     flops=6e6 * n, wall_s=1.0, group=group)))
                 (run / "metrics.jsonl").write_text(json.dumps(
                     {"step": 10, "tokens": 1e6, "val_loss": loss}) + "\n")
-    fits = scaling.report(tmp_path, log=lambda s: None)
+    lines = []
+    fits = scaling.report(tmp_path, log=lines.append)
     assert set(fits) == {"gpt2", "modern"}
+    gaps = [line for line in lines[0].splitlines() if line.startswith("| L")]
+    assert [line.split(" | ")[-1] for line in gaps] == ["-0.1000 |"] * 4  # best lr vs best lr
     assert fits["modern"]["L(N)"]["E"] == pytest.approx(1.9, abs=0.02)
     assert fits["gpt2"]["L(N)"]["E"] == pytest.approx(2.0, abs=0.02)
     assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)
