@@ -211,7 +211,12 @@ def collect(workdir) -> list[dict]:
         row["tokens_per_s"] = float(np.median(rates)) if rates else math.nan
         row["workdir"] = str(result_path.parent)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["budget_value"], r["params_non_embedding"]))
+    # Variant by variant in sweep order, then by budget and size: one variant's ladder reads
+    # as one block of the table, and the first variant is the baseline of the gap table.
+    order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in sorted(
+        rows, key=lambda r: r.get("index", 0))))}
+    return sorted(rows, key=lambda r: (order[r["group"]], r["budget_value"],
+                                       r["params_non_embedding"]))
 
 
 def _frontier(rows):
@@ -297,7 +302,8 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
         writer.writerows(rows)
     lines = [markdown_table(rows)]
     ok = best_per_size([r for r in rows if math.isfinite(r["val_loss"])])
-    groups = list(dict.fromkeys(r["group"] for r in ok))
+    fitted = {r["group"] for r in ok}
+    groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g in fitted]
     by_group = {}
     for g in groups:
         fits, fit_lines = _fits([r for r in ok if r["group"] == g])
