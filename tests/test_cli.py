@@ -96,3 +96,12 @@ def test_sample_on_a_workdir_without_checkpoint_fails_clearly(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ") and "train" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,flag", [(["train.py"], "--config"), (["sample.py"], "--prompt"),
+                                       (["-m", "transformer.scaling"], "--sweep")])
+def test_help_lists_the_program_flags(args, flag):
+    """We parse flags without absl's app.run, which is where --help is usually defined."""
+    result = run_cli(*args, "--help")
+    assert "Unknown command line flag" not in result.stderr, result.stderr
+    assert flag in result.stdout and "--workdir" in result.stdout

@@ -196,8 +196,10 @@ def test_init_from_starts_training_from_the_hf_weights(tmp_path):
     config.train.update(init_from=str(folder), steps=1, batch_size=2, lr=1e-9, warmup_steps=0,
                         eval_every=1, eval_batches=1, ckpt_every=1, log_every=1)
     config_lib.validate(config)
-    assert hf_import.prepare(config) is None  # no tokenizer.json: data.tokenizer decides
+    config, tokenizer = hf_import.prepare(asked := config)
+    assert tokenizer is None  # no tokenizer.json: data.tokenizer decides
     assert config.model.vocab_size == 320  # 0: taken from the weights
+    assert asked.model.vocab_size == 0  # the caller's config is left as it is
     trainer = training.Trainer.build(config)
     state = hf_import.fresh_state(trainer, seed=0)
     assert jax.tree.structure(state) == jax.tree.structure(trainer.abstract_state())

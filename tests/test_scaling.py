@@ -1,6 +1,7 @@
 """Sweeps, fits and the report: power-law fits recover known constants; a tiny 3-size sweep
 runs end to end through the command line and a rerun skips what finished."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -221,21 +222,28 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
 
     # The report keeps the best lr per size, then fits each group: the "modern" group is
     # planted 0.1 nats better at every size, with a worse lr that must be ignored.
-    for group, offset in (("gpt2", 0.0), ("modern", -0.1)):
+    # Its models are 1% smaller (SwiGLU's rounded width): the sweep's first variant, not the
+    # smallest model's, stays the baseline of the gap table.
+    index = itertools.count()
+    for group, offset, scale in (("gpt2", 0.0, 1.0), ("modern", -0.1, 0.99)):
         for lr, penalty in ((1e-3, 0.5), (3e-3, 0.0)):
-            for k, n in enumerate((1e4, 3e4, 1e5, 3e5)):
-                name = f"{group}_lr={lr:g}_n{k}"
-                loss = 2.0 + offset + penalty + 30 * n ** -0.3
+            for k, size in enumerate((1e4, 3e4, 1e5, 3e5)):
+                name, n = f"{group}_lr={lr:g}_n{k}", size * scale
+                loss = 2.0 + offset + penalty + 30 * size ** -0.3
                 run = tmp_path / name
                 run.mkdir()
                 (run / "result.json").write_text(json.dumps(dict(
-                    name=name, budget="tokens", budget_value=1e6, n_layers=1, d_model=8,
-                    steps=10, tokens=1e6, params_total=int(n), params_non_embedding=int(n),
-                    flops=6e6 * n, wall_s=1.0, group=group)))
+                    index=next(index), name=name, budget="tokens", budget_value=1e6,
+                    n_layers=k + 1, d_model=8, steps=10, tokens=1e6, params_total=int(n),
+                    params_non_embedding=int(n), flops=6e6 * n, wall_s=1.0, group=group)))
                 (run / "metrics.jsonl").write_text(json.dumps(
                     {"step": 10, "tokens": 1e6, "val_loss": loss}) + "\n")
-    fits = scaling.report(tmp_path, log=lambda s: None)
+    lines = []
+    fits = scaling.report(tmp_path, log=lines.append)
     assert set(fits) == {"gpt2", "modern"}
+    assert "| modern − gpt2 |" in lines[0]
+    gaps = [line for line in lines[0].splitlines() if line.startswith("| L")]
+    assert [line.split(" | ")[-1] for line in gaps] == ["-0.1000 |"] * 4  # best lr vs best lr
     assert fits["modern"]["L(N)"]["E"] == pytest.approx(1.9, abs=0.02)
     assert fits["gpt2"]["L(N)"]["E"] == pytest.approx(2.0, abs=0.02)
     assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)

@@ -63,6 +63,8 @@ def run(main) -> None:
     """Parses absl flags (including --config and --config.x.y overrides) and calls main(argv)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.set_verbosity(logging.ERROR)  # orbax and absl chatter; our own output is print()
+    from absl import app  # app.run defines --help/--helpfull; we parse flags without it
+    app.define_help_flags()
     try:
         argv = flags.FLAGS(sys.argv)
     except flags.Error as e:

@@ -18,6 +18,11 @@ read the empty end of the cache. Temperature, top-k, top-p, the key, the prompt 
 length and the end token are traced arguments: changing them never recompiles. A row that
 samples its end token writes PAD_ID from then on; the loop stops when every row has ended.
 
+The loops are `lax.while_loop`s, the form of `lax.scan` whose trip count is traced: a scan
+runs a fixed number of steps, so it would compile one program per requested length and
+could not stop when every row has sampled its end token. Each loop body is one decode step,
+compiled once; no Python runs per token.
+
 Generation is not capped by the context S = max_seq_len. Once all S slots are filled, it
 goes on from the most recent tokens, by one of two policies (`window_policy`):
 
@@ -163,6 +168,90 @@ class _State(NamedTuple):
     history_BS: jax.Array  # the token in each cache slot (what a re-prefill reads)
 
 
+class _Loop(NamedTuple):
+    """What every step of one compiled generation shares (traced arrays and static facts)."""
+    config: ModelConfig
+    params: dict
+    keys_N2: jax.Array     # step i's key data: fold_in(seed key, i)
+    knobs: tuple           # temperature, top_k, top_p, eos_id
+    n: jax.Array           # how many tokens were asked for (<= budget)
+    stream_id: jax.Array | None  # None: no streaming
+    budget: int
+
+    def forward(self, tokens_BT, cache, index, start_B):
+        return _forward(self.config, self.params, tokens_BT, cache, index, start_B)
+
+    def running(self, state: _State):
+        return (state.i < self.n) & ~jnp.all(state.done_B)
+
+    def emit(self, state: _State, logits_BV) -> _State:
+        """Samples token i from logits_BV and records it."""
+        temperature, top_k, top_p, eos_id = self.knobs
+        step_key = jax.random.wrap_key_data(jnp.tile(self.keys_N2[state.i], 2),
+                                            impl="unsafe_rbg")
+        token_B = sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
+        token_B = jnp.where(state.done_B, PAD_ID, token_B)
+        done_B = state.done_B | (token_B == eos_id)
+        out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
+        state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
+        if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens
+            jax.lax.cond(state.i % STREAM_EVERY == 0, self.send, lambda s: None, state)
+        return state
+
+    def send(self, state: _State) -> None:
+        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`)."""
+        first = jnp.clip(state.i - STREAM_EVERY, 0, self.budget - STREAM_EVERY)
+        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
+        jax.debug.callback(_deliver, self.stream_id, first, state.i, chunk_BK, ordered=True)
+
+    def step(self, state: _State) -> _State:
+        """Writes the last token into the cache and samples the next one."""
+        logits_B1V, cache = self.forward(state.token_B[:, None], state.cache, state.index,
+                                         state.start_B)
+        history_BS = state.history_BS
+        if window_policy(self.config) == "reprefill":  # a ring ("roll") never re-reads tokens
+            history_BS = jax.lax.dynamic_update_slice(history_BS, state.token_B[:, None],
+                                                      (0, state.index))
+        state = state._replace(cache=cache, index=state.index + 1, history_BS=history_BS)
+        return self.emit(state, logits_B1V[:, 0])
+
+    def reprefill(self, state: _State) -> _State:
+        """The cache is full: the last W tokens (the unwritten one included) into slots
+        0 .. W-1, positions from 0, and the next token from the last one's logits."""
+        S = self.config.max_seq_len
+        W = keep_length(S)
+        shift = S - W + 1
+        tokens_BW = jnp.concatenate([state.history_BS[:, shift:], state.token_B[:, None]], 1)
+        start_B = _slide_start(state.start_B, shift)
+        logits_BWV, cache = self.forward(tokens_BW, state.cache, 0, start_B)
+        history_BS = jax.lax.dynamic_update_slice(state.history_BS, tokens_BW, (0, 0))
+        state = state._replace(cache=cache, index=jnp.int32(W), start_B=start_B,
+                               history_BS=history_BS)
+        return self.emit(state, logits_BWV[:, -1])
+
+    def fill(self, state: _State, P: int) -> _State:
+        """While the cache fills: one loop per cache length (16, 32, 64, ... slots), so a
+        step reads only the slots that can be filled by then. Each is compiled once."""
+        S = self.config.max_seq_len
+        for _, length in fill_segments(P, S):
+            state = state._replace(cache=kvcache.prefix(state.cache, length))
+            state = jax.lax.while_loop(
+                lambda s, length=length: self.running(s) & (s.index < length), self.step, state)
+        return state._replace(cache=kvcache.prefix(state.cache, S))
+
+    def slide(self, state: _State) -> _State:
+        """The cache is full (or generation is over): the window policy's loop."""
+        if window_policy(self.config) == "roll":
+            return jax.lax.while_loop(self.running, self.step, state)
+        S = self.config.max_seq_len
+
+        def cycle(state):
+            state = self.reprefill(state)
+            return jax.lax.while_loop(lambda s: self.running(s) & (s.index < S), self.step,
+                                      state)
+        return jax.lax.while_loop(self.running, cycle, state)
+
+
 def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
                      n, stream_id, *, config: ModelConfig, budget: int, stream: bool = False):
     """The compiled program: prefill, the fill loops, then the window policy's loop.
@@ -175,7 +264,6 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
-    S = config.max_seq_len
     config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
     # Key i = fold_in(key, i): the first k tokens do not depend on how many are asked for.
     # Computed before the loops and used there as counter-based (`unsafe_rbg`) keys:
@@ -183,77 +271,17 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     # copy every layer's cache on every step.
     keys_N2 = jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(key, i))(
         jnp.arange(budget)))
-    roll = window_policy(config) == "roll"
+    loop = _Loop(config, params, keys_N2, (temperature, top_k, top_p, eos_id), n,
+                 stream_id if stream else None, budget)
 
-    def emit(state, logits_BV):
-        """Samples token i from logits_BV and records it."""
-        step_key = jax.random.wrap_key_data(jnp.tile(keys_N2[state.i], 2), impl="unsafe_rbg")
-        token_B = sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
-        token_B = jnp.where(state.done_B, PAD_ID, token_B)
-        done_B = state.done_B | (token_B == eos_id)
-        out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
-        state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
-        if stream:  # a chunk to the host every STREAM_EVERY tokens
-            jax.lax.cond(state.i % STREAM_EVERY == 0, lambda s: send(s), lambda s: None, state)
-        return state
-
-    def send(state):
-        first = jnp.clip(state.i - STREAM_EVERY, 0, budget - STREAM_EVERY)
-        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
-        jax.debug.callback(_deliver, stream_id, first, state.i, chunk_BK, ordered=True)
-
-    def step(state):
-        """Writes the last token into the cache and samples the next one."""
-        logits_B1V, cache = _forward(config, params, state.token_B[:, None], state.cache,
-                                     state.index, state.start_B)
-        history_BS = state.history_BS
-        if not roll:
-            history_BS = jax.lax.dynamic_update_slice(history_BS, state.token_B[:, None],
-                                                      (0, state.index))
-        state = state._replace(cache=cache, index=state.index + 1, history_BS=history_BS)
-        return emit(state, logits_B1V[:, 0])
-
-    def reprefill(state):
-        """The cache is full: the last W tokens (the unwritten one included) into slots
-        0 .. W-1, positions from 0, and the next token from the last one's logits."""
-        W = keep_length(S)
-        shift = S - W + 1
-        tokens_BW = jnp.concatenate([state.history_BS[:, shift:], state.token_B[:, None]], 1)
-        start_B = _slide_start(state.start_B, shift)
-        logits_BWV, cache = _forward(config, params, tokens_BW, state.cache, 0, start_B)
-        history_BS = jax.lax.dynamic_update_slice(state.history_BS, tokens_BW, (0, 0))
-        state = state._replace(cache=cache, index=jnp.int32(W), start_B=start_B,
-                               history_BS=history_BS)
-        return emit(state, logits_BWV[:, -1])
-
-    def running(state):
-        return (state.i < n) & ~jnp.all(state.done_B)
-
-    logits_BPV, cache = _forward(config, params, prompt_BP, cache, 0, start_B)
-    history_BS = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_BP)
+    logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill
+    history_BS = jnp.zeros((B, config.max_seq_len), jnp.int32).at[:, :P].set(prompt_BP)
     state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
                    jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), jnp.int32(P),
                    start_B, history_BS)
-    state = emit(state, logits_BPV[:, -1])
-
-    # While the cache fills: one loop per cache length (16, 32, 64, ... slots), so a step
-    # reads only the slots that can be filled by then. Each is compiled once, in this program.
-    for _, length in fill_segments(P, S):
-        state = state._replace(cache=kvcache.prefix(state.cache, length))
-        state = jax.lax.while_loop(lambda s, length=length: running(s) & (s.index < length),
-                                   step, state)
-    state = state._replace(cache=kvcache.prefix(state.cache, S))
-
-    # The cache is full (or generation is over): the window policy.
-    if roll:
-        state = jax.lax.while_loop(running, step, state)
-    else:
-        def cycle(state):
-            state = reprefill(state)
-            return jax.lax.while_loop(lambda s: running(s) & (s.index < S), step, state)
-        state = jax.lax.while_loop(running, cycle, state)
+    state = loop.slide(loop.fill(loop.emit(state, logits_BPV[:, -1]), P))
     if stream:
-        send(state)  # the last, partial chunk
+        loop.send(state)  # the last, partial chunk
     return state.out_BN, state.cache
 
 

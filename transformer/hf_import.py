@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import hf, hf_weights
+from transformer import config as config_lib, hf, hf_weights
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 
@@ -111,15 +111,17 @@ def _map(fn, tree):
 
 def prepare(config):
     """Before a fresh run writes anything: checks the `train.init_from` weights against the
-    config (every tensor's shape; model.vocab_size=0 takes the checkpoint's vocabulary) and
-    returns the tokenizer the run uses: the folder's own, if it has one, so that a fine-tuned
-    GPT-2 keeps GPT-2's vocabulary; None (no init_from, no tokenizer.json): data.tokenizer.
+    config (every tensor's shape) and returns (config, tokenizer): the config with
+    model.vocab_size=0 replaced by the checkpoint's vocabulary (a new config; the argument is
+    left as it is), and the tokenizer the run uses: the folder's own, if it has one, so that a
+    fine-tuned GPT-2 keeps GPT-2's vocabulary; None (no init_from, no tokenizer.json):
+    data.tokenizer.
 
     The weights are read here only to be checked (fresh_state reads them again): a refused
     run then leaves no workdir behind."""
     path = config.train.init_from
     if not path:
-        return None
+        return config, None
     if config.model.vocab_size == 0:
         where = f"train.init_from={path}"
         tensors = read_tensors(path, where)
@@ -128,9 +130,9 @@ def prepare(config):
         if name is None:
             raise hf.HFError(f"{where}: no embedding tensor (wte.weight or "
                              "model.embed_tokens.weight) to take model.vocab_size from")
-        config.model.vocab_size = int(tensors[name].shape[0])
+        config = config_lib.replace(config, **{"model.vocab_size": int(tensors[name].shape[0])})
     init_params(config)
-    return tokenizer(path)
+    return config, tokenizer(path)
 
 
 def fresh_state(trainer, seed: int):

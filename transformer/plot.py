@@ -91,15 +91,17 @@ def plot_scaling(x, loss, fitted, out, xlabel: str, groups=None, fit_label: str 
     x, loss = np.asarray(x, float), np.asarray(loss, float)
     groups = groups if groups is not None else [""] * len(x)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    color = {}
     for group in dict.fromkeys(groups):
         pick = np.array([g == group for g in groups])
-        ax.plot(x[pick], loss[pick], "o", label=group or "runs")
+        (points,) = ax.plot(x[pick], loss[pick], "o", label=group or "runs")
+        color[group] = points.get_color()
     from transformer import fit
     grid = np.geomspace(x.min() / 1.5, x.max() * 1.5, 200)
     if fitted is not None and "E" not in fitted:  # {group: fit}: one curve per group
-        for (group, f), line in zip(fitted.items(), ax.get_lines()):
+        for group, f in fitted.items():  # by name: the fits need not come in the points' order
             if f is not None:
-                ax.plot(grid, fit.predict(f, grid), "--", lw=1, color=line.get_color(),
+                ax.plot(grid, fit.predict(f, grid), "--", lw=1, color=color.get(group),
                         label=f"{group}: α={f['alpha']:.3f}±{f['alpha_err']:.2g}")
     elif fitted is not None:
         ax.plot(grid, fit.predict(fitted, grid), "k--", lw=1,

@@ -211,7 +211,12 @@ def collect(workdir) -> list[dict]:
         row["tokens_per_s"] = float(np.median(rates)) if rates else math.nan
         row["workdir"] = str(result_path.parent)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["budget_value"], r["params_non_embedding"]))
+    # Variant by variant in sweep order, then by budget and size: one variant's ladder reads
+    # as one block of the table, and the first variant is the baseline of the gap table.
+    order = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in sorted(
+        rows, key=lambda r: r.get("index", 0))))}
+    return sorted(rows, key=lambda r: (order[r["group"]], r["budget_value"],
+                                       r["params_non_embedding"]))
 
 
 def _frontier(rows):
@@ -297,7 +302,8 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
         writer.writerows(rows)
     lines = [markdown_table(rows)]
     ok = best_per_size([r for r in rows if math.isfinite(r["val_loss"])])
-    groups = list(dict.fromkeys(r["group"] for r in ok))
+    fitted = {r["group"] for r in ok}
+    groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g in fitted]
     by_group = {}
     for g in groups:
         fits, fit_lines = _fits([r for r in ok if r["group"] == g])
@@ -306,6 +312,8 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
             fit_lines += iso_lines
         by_group[g] = fits
         lines += ["", *([f"## {g}", ""] if len(groups) > 1 else []), *fit_lines]
+    if len(groups) > 1:
+        lines += ["", *gap_table(ok, groups)]
     fits = by_group[groups[0]] if len(groups) == 1 else by_group
     (workdir / "fit.json").write_text(json.dumps(fits, indent=1, default=float))
     if missing:
@@ -357,6 +365,27 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
 def budget_label(kind: str, value: float) -> str:
     return {"tokens": f"{human(value)} tokens", "flops": f"{value:.1e} FLOPs",
             "chinchilla": f"{value:g} tokens/param"}[kind]
+
+
+def gap_table(rows, groups) -> list[str]:
+    """Each group's val loss minus the first group's, size by size (same n_layers and d_model,
+    same budget): the runs of one size share their seed, data order and val batches, so the
+    difference is paired, and its trend with N is the change's scaling."""
+    first, others = groups[0], groups[1:]
+    at = {(r["group"], r["budget_value"], r["n_layers"], r["d_model"]): r for r in rows}
+    lines = [f"val loss minus {first}'s at each size (negative: better than {first}):", "",
+             "| size | budget | N | " + f"{first} | " + " | ".join(f"{g} − {first}" for g in others)
+             + " |", "|" + "---|" * (4 + len(others))]
+    for (group, budget, n_layers, d_model), base in sorted(
+            at.items(), key=lambda kv: (kv[0][1], kv[1]["params_non_embedding"])):
+        if group != first:
+            continue
+        deltas = [at.get((g, budget, n_layers, d_model)) for g in others]
+        lines.append(f"| L{n_layers}-d{d_model} | {budget_label(base['budget'], budget)} "
+                     f"| {human(base['params_non_embedding'])} | {base['val_loss']:.4f} | "
+                     + " | ".join(f"{r['val_loss'] - base['val_loss']:+.4f}" if r else "-"
+                                  for r in deltas) + " |")
+    return lines
 
 
 def _monotonic(rows) -> bool:

@@ -67,8 +67,10 @@ def find_checkpoint(workdir, config, mesh=None):
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
-    saved_tokenizer = (data.tokenizers.from_json(found.meta["tokenizer"]) if found
-                       else hf_import.prepare(config))  # checks init_from; None: data.tokenizer
+    if found:
+        saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"])
+    else:  # checks init_from; a None tokenizer: data.tokenizer decides
+        config, saved_tokenizer = hf_import.prepare(config)
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     config = resolve(config, tokenizer)
     if found:

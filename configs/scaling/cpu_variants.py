@@ -6,7 +6,9 @@ Two variants, each trained at every size of the CPU ladder (cpu_ladder.py: d_mod
 32 × n_layers, n_layers 1..5, 1.5M tokens each): `gpt2` (learned positions, LayerNorm, GELU
 MLP: the defaults) and `modern` (RoPE, RMSNorm, SwiGLU). The report fits L(N) per variant
 and draws both on loss_vs_params.png: whether the modern block's advantage grows or shrinks
-with size is the gap between the two curves. 10 runs, about 25 minutes on 2 idle cores.
+with size is the gap between the two curves (the report's gap table: size by size, paired).
+10 runs, 37 minutes measured on 2 shared cores under contention (load average 5-9); idle
+not measured. Results: docs/scaling.md.
 """
 
 from transformer.config import base_config
