@@ -168,3 +168,22 @@ def test_the_accumulation_check_would_catch_an_unweighted_mean(monkeypatch):
     halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
     unweighted = np.mean([float(training.loss_fn(params, h, model)) for h in halves])
     assert abs(unweighted - float(loss_full)) > 100 * 1e-6 * float(loss_full)  # the tolerance above
+
+
+def test_the_bench_peer_decays_the_same_tensors_as_we_do():
+    """The PyTorch peer (HF GPT-2 + torch AdamW) decays what optimizer.decays decays: the
+    same number of decayed and of undecayed weights, for tied and untied heads."""
+    pytest.importorskip("torch")
+    from transformer import bench
+    for tied in (True, False):
+        model = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                            max_seq_len=32, tie_embeddings=tied, matmul="plain")
+        ours = {True: 0, False: 0}
+        params = init_params(model, jax.random.key(0))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            ours[optimizer.decays(path)] += leaf.size
+        peer = bench.PeerModel(model, base_config().train, seq_len=32)
+        theirs = {True: 0, False: 0}
+        for group in peer.opt.param_groups:
+            theirs[group["weight_decay"] > 0] += sum(p.numel() for p in group["params"])
+        assert theirs == ours, (tied, theirs, ours)

@@ -165,7 +165,13 @@ class PeerModel:
             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=m.tie_embeddings,
             layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None)
         self.model = transformers.GPT2LMHeadModel(cfg)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=train_config.lr,
+        # Decay as optimizer.py does by role: in HF's GPT-2 the matrices (projections,
+        # token and position embeddings) are exactly the 2-D tensors; biases and LayerNorm
+        # gains are 1-D and not decayed.
+        params = list(self.model.parameters())
+        groups = [{"params": [p for p in params if p.ndim >= 2]},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=train_config.lr,
                                      betas=(train_config.b1, train_config.b2),
                                      weight_decay=train_config.weight_decay)
         self.grad_clip = train_config.grad_clip
