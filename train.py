@@ -24,9 +24,9 @@ from pathlib import Path
 from absl import flags
 from ml_collections import config_flags
 
-import jax
-
-from transformer import cli, config as config_lib, faults, run, sharding, textgen, training
+# Only what checks the flags and the config: jax, flax and orbax (~1.5 s to import) come in
+# main once the config is valid, so a bad value is refused in a blink.
+from transformer import cli, config as config_lib, faults
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -54,18 +54,23 @@ def init_distributed() -> None:
     if given:
         if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
             cli.fail(f"process_id={_PROCESS_ID.value}: must be in [0, {_NUM_PROCESSES.value - 1}]")
+        import jax
         jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                    num_processes=_NUM_PROCESSES.value,
                                    process_id=_PROCESS_ID.value)
     elif _DISTRIBUTED.value:
+        import jax
         jax.distributed.initialize()
 
 
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    config = config_lib.validate(cli.config_value(_CONFIG))  # touches no device
     init_distributed()
-    config = config_lib.validate(cli.config_value(_CONFIG))
+    import jax
+
+    from transformer import run, sharding, textgen, training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
     state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,

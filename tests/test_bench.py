@@ -11,6 +11,11 @@ from transformer import flops, metrics
 from transformer.config import ModelConfig
 from transformer.model import init_params
 
+# The shape and rounds of `python -m transformer.device_check`'s CPU smoke bench: the same
+# programs, so the session's compilation cache (conftest.py) builds them once for all three.
+SMOKE = ["--config=configs/tiny.py", "--rounds=1", "--steps=2", "--warmup=1", "--decode_reps=1",
+         "--new_tokens=8", "--config.data.corpus=random"]
+
 
 def test_bench_and_training_count_flops_with_the_project_counter():
     """MFU's numerator is flops.py's 6N + causal attention: doubling the context adds only
@@ -42,9 +47,7 @@ def test_peak_comes_from_the_table_on_accelerators_and_is_measured_on_cpu():
 def test_bench_json_has_the_figures_and_no_recompiles():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    result = run_cli("-m", "transformer.bench", "--config=configs/tiny.py", "--json",
-                     "--rounds=1", "--steps=1", "--warmup=0", "--decode_reps=1",
-                     "--new_tokens=8", "--config.data.corpus=random")
+    result = run_cli("-m", "transformer.bench", "--json", *SMOKE)
     assert result.returncode == 0, result.stderr[-2000:]
     r = json.loads(result.stdout)
     for key in ("train_tokens_per_s", "peer_train_tokens_per_s", "decode_tokens_per_s_b1",
@@ -65,9 +68,7 @@ def test_bench_json_has_the_figures_and_no_recompiles():
 
 
 def test_bench_without_the_peer_prints_a_table():
-    result = run_cli("-m", "transformer.bench", "--config=configs/tiny.py", "--no_peer",
-                     "--modes=f32", "--rounds=1", "--steps=1", "--warmup=0", "--decode_reps=1",
-                     "--new_tokens=4", "--config.data.corpus=random")
+    result = run_cli("-m", "transformer.bench", "--no_peer", "--modes=f32", *SMOKE)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train tokens/s, f32" in result.stdout and "decode tokens/s, batch 8" in result.stdout
     assert "isa: " in result.stdout and "model.matmul=auto picks " in result.stdout

@@ -3,8 +3,8 @@ checkpoint and a NaN all end in the same final params as a run never interrupted
 
 Every run here is a real `train.py` / `sample.py` subprocess on a tiny char-level model.
 Test hooks (transformer/faults.py) slow steps and saves down so that kills land mid-run and
-mid-save, and poison one batch with NaN. The subprocesses share a persistent compilation
-cache (made fresh for each test session) only to save time: it changes no numbers, since the
+mid-save, and poison one batch with NaN. The subprocesses share the session's persistent
+compilation cache (tests/conftest.py) only to save time: it changes no numbers, since the
 uninterrupted baseline and the killed runs then run the very same executables.
 """
 
@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +24,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 36
-CACHE = tempfile.mkdtemp(prefix="jax-cache-")  # shared by this session's subprocesses
 MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
          "--config.model.n_layers=1", "--config.model.d_ff=64", "--config.model.max_seq_len=32",
          "--config.model.vocab_size=0", "--config.data.tokenizer=char",
@@ -48,9 +46,8 @@ def train_args(corpus, workdir, steps=STEPS, ckpt_every=4, extra=()):
 
 
 def env_with(**hooks):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "JAX_COMPILATION_CACHE_DIR": CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    # The compilation cache comes with os.environ (tests/conftest.py).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.update({f"TRANSFORMER_TEST_{k.upper()}": str(v) for k, v in hooks.items()})
     return env
 

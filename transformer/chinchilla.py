@@ -34,7 +34,6 @@ import warnings
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import logsumexp
 
 HUBER_DELTA = 1e-3
 # 2^5 starting points; with N and D scaled to ~1, A/N^alpha at the geometric-mean size is
@@ -97,9 +96,14 @@ def _objective(p, logN, logD, logL):
     """The Huber loss of the log-loss residuals and its gradient in (a, b, e, alpha, beta)."""
     a, b, e, alpha, beta = p
     terms = np.stack([a - alpha * logN, b - beta * logD, np.full_like(logN, e)])
-    pred = logsumexp(terms, 0)
+    # log-sum-exp over the three terms, shifted by their max to stay finite; written out
+    # (not scipy's logsumexp) because the fits call this tens of thousands of times
+    top = terms.max(0)
+    exp_terms = np.exp(terms - top)
+    total = exp_terms.sum(0)
+    pred = top + np.log(total)
     r = pred - logL
-    w = np.exp(terms - pred)  # d pred / d term: the softmax of the three terms
+    w = exp_terms / total  # d pred / d term: the softmax of the three terms
     dr = np.clip(r, -HUBER_DELTA, HUBER_DELTA)  # the Huber loss's derivative
     grad = np.array([np.sum(dr * w[0]), np.sum(dr * w[1]), np.sum(dr * w[2]),
                      -np.sum(dr * w[0] * logN), -np.sum(dr * w[1] * logD)])

@@ -4,6 +4,7 @@ then the bench's training line with tokens/s and MFU against the chip's datashee
     python -m transformer.device_check                    # GPU / TPU: GPT-2 small in bfloat16
     python -m transformer.device_check --bench_config=configs/default.py
     python -m transformer.device_check --nobench          # only the tests
+    python -m transformer.device_check --tests_k=bfloat16  # only the device tests matching
 
 The tests are the ones marked `@pytest.mark.device` (cached decoding equals the full forward,
 a sharded step equals one device over the real devices, a bfloat16 training step, the decode
@@ -33,6 +34,9 @@ _BENCH_CONFIG = flags.DEFINE_string(
     "GPU/TPU, configs/tiny.py with a few short rounds on a CPU).")
 _TESTS = flags.DEFINE_bool("tests", True, "Run the tests marked `device`.")
 _BENCH = flags.DEFINE_bool("bench", True, "Run the bench's bfloat16 training line.")
+_TESTS_K = flags.DEFINE_string(
+    "tests_k", "", "Only the device tests matching this pytest -k expression (a quick check; "
+    "the test suite's CPU smoke run of this command uses it).")
 
 # On a CPU the bench is a smoke test: one short round of a tiny shape.
 _CPU_SMOKE = ["--config=configs/tiny.py", "--rounds=1", "--steps=2", "--warmup=1",
@@ -57,8 +61,10 @@ def run_tests() -> bool:
     if not tests.is_dir():
         cli.fail(f"no tests/ folder next to the package ({tests}): run from a checkout of the "
                  "repository (pip install -e .), or pass --notests")
+    # One pytest process (-n 0: no xdist workers): the tests then share the accelerator's
+    # memory with nobody.
     cmd = [sys.executable, "-m", "pytest", "-m", "device", "-q", "-p", "no:cacheprovider",
-           str(tests)]
+           "-n", "0", *(["-k", _TESTS_K.value] if _TESTS_K.value else []), str(tests)]
     print("$ python " + " ".join(cmd[1:]), flush=True)
     result = subprocess.run(cmd, cwd=_ROOT)
     return result.returncode == 0
