@@ -20,9 +20,9 @@ D tokens, and C the counted training FLOPs (head and attention included).
 
 Byte-level BPE with 1024 tokens, context 128, batch 8 (1,024 tokens a step: the largest
 model still gets ~95 steps at the smallest budget), cosine schedule with 20 warmup steps,
-one evaluation at the end over 32 held-out batches. 24 runs, 2.2e13 FLOPs in all: 33 minutes
-measured on 2 contended cores (docs/scaling.md), likely 20-25 idle; the smallest widths
-are bound by per-step overhead, not FLOPs.
+one evaluation at the end over 32 held-out batches. 24 runs, 2.2e13 FLOPs in all: 13.5
+minutes with its report on 2 idle Zen 4 cores (docs/scaling.md); the smallest widths are
+bound by per-step overhead, not FLOPs.
 """
 
 from transformer.config import base_config
