@@ -78,19 +78,6 @@ def test_init_is_deterministic_for_a_seed(tiny_config):
     assert not np.array_equal(a["embed"]["embedding"], c["embed"]["embedding"])
 
 
-def test_compiled_init_equals_op_by_op_init(tiny_config):
-    """init_params runs as one compiled program (as the trainer's initial state always did);
-    its values are the op-by-op ones up to the last bit of the normal sampler's float32
-    arithmetic, which XLA fuses differently (measured: 1 ulp, in about a quarter of the
-    entries)."""
-    with jax.disable_jit():
-        eager = init_params(tiny_config, jax.random.key(3))
-    compiled = init_params(tiny_config, jax.random.key(3))
-    assert jax.tree.structure(eager) == jax.tree.structure(compiled)
-    for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
-        np.testing.assert_allclose(x, y, rtol=2.5e-7, atol=0)
-
-
 def test_untied_head_adds_exactly_one_matrix(tiny_config, tiny_params):
     untied = init_params(dataclasses.replace(tiny_config, tie_embeddings=False), jax.random.key(0))
     extra = count_params(untied) - count_params(tiny_params)

@@ -261,13 +261,8 @@ class GPT(nn.Module):
         return x_BTD
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: jax.Array):
-    """Parameters for `config`, a pure function of the key (logical-axis boxes removed).
-
-    Compiled as one program: run op by op, every initialiser of every parameter shape would
-    compile a program of its own (dozens per model, most of the cost of building a small one).
-    The values are the op-by-op ones up to float32 rounding (tests/test_model.py)."""
+    """Parameters for `config`, a pure function of the key (logical-axis boxes removed)."""
     tokens = jnp.zeros((1, min(8, config.max_seq_len)), jnp.int32)
     return nn.unbox(GPT(config).init(key, tokens)["params"])
 
