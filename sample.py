@@ -13,13 +13,11 @@ when complete (several samples are always printed when complete).
 
 import sys
 
-import jax
 from absl import flags
 
-from transformer import checkpoint, cli, config as config_lib, hf_import, matmul_auto, textgen
-from transformer.config import ModelConfig
-from transformer.data import tokenizers
-from transformer.model import init_params
+# Only what checks the flags: jax, flax and orbax (~1.5 s to import) come once they are valid,
+# so a bad value is refused in a blink (as train.py does).
+from transformer import cli, config as config_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
 _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 folder "
@@ -45,23 +43,12 @@ def main(argv):
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     if (_WORKDIR.value is None) == (_HF.value is None):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
-    if _HF.value is not None:
-        model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
-        step = "hf"
-    else:
-        ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
-        # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
-        # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
-        found = ckpts.restore_good(_abstract_params, step=_STEP.value)
-        step, meta, params = found.step, found.meta, found.params
-        # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
-        config, _ = matmul_auto.resolve(config_lib.from_dict(meta["config"]))
-        model_config = ModelConfig.from_config(config)
-        tokenizer = tokenizers.from_json(meta["tokenizer"])
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
-    config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value,
-                              model_config.max_seq_len)
+    config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value)
+    from transformer import textgen
+
+    step, model_config, params, tokenizer = _load()
     stream = _NUM_SAMPLES.value == 1 and not _NO_STREAM.value
     printer = _StreamPrinter(f"--- sample 0 (step {step}) ---\n{_PROMPT.value}")
     texts = textgen.sample_text(
@@ -92,8 +79,32 @@ class _StreamPrinter:
         print(self.header)
 
 
+def _load():
+    """(step, model config, params, tokenizer) of --hf or of --workdir's checkpoint."""
+    from transformer import checkpoint, hf_import, matmul_auto
+    from transformer.config import ModelConfig
+    from transformer.data import tokenizers
+
+    if _HF.value is not None:
+        model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
+        return "hf", model_config, params, tokenizer
+    ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
+    # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
+    # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
+    found = ckpts.restore_good(_abstract_params, step=_STEP.value)
+    # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
+    config, _ = matmul_auto.resolve(config_lib.from_dict(found.meta["config"]))
+    return (found.step, ModelConfig.from_config(config), found.params,
+            tokenizers.from_json(found.meta["tokenizer"]))
+
+
 def _abstract_params(meta):
     """Onto one device, whatever mesh wrote the checkpoint: the target names the placement."""
+    import jax
+
+    from transformer.config import ModelConfig
+    from transformer.model import init_params
+
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),

@@ -35,6 +35,28 @@ def test_stdlib_corpus_is_real_python_in_a_fixed_order():
     assert "def " in a and "import " in a
 
 
+def test_stdlib_files_come_in_the_sorted_order_of_their_relative_paths(tmp_path):
+    """The lazy walk yields what listing everything and sorting the paths as strings would:
+    on a planted tree whose names sort differently as folders and as strings ("a.py" <
+    "a/z.py" < "a_b.py" < "ab/"), and on this Python's own library."""
+    import sysconfig
+    from pathlib import Path
+
+    def reference(root):
+        found = [p for p in root.rglob("*.py")
+                 if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+        return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+    for name in ["a.py", "a/z.py", "a/b/c.py", "a_b.py", "ab/x.py", "a-b/y.py", "B.py",
+                 "site-packages/pkg.py", "d/dist-packages/pkg.py", "d/e.txt", "d/f.py"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    planted = list(corpus._sorted_py_files(tmp_path))
+    assert planted == reference(tmp_path) and len(planted) == 8
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert list(corpus.stdlib_files()) == reference(stdlib)
+
+
 def test_corpus_from_a_folder_skips_binary_files(tmp_path):
     (tmp_path / "a.txt").write_text("hello ")
     (tmp_path / "b.bin").write_bytes(b"\x00\x01\x02")

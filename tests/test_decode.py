@@ -96,6 +96,31 @@ def test_a_batch_of_one_decodes_like_a_row_of_a_batch(tiny_config, tiny_params):
     assert in_batch[0] == alone[0]
 
 
+def _while_loops(config, params, prompts, max_new_tokens):
+    prompt_BP, start_B = decode.left_pad(prompts, config.max_seq_len)
+    lowered = decode._program.lower(
+        params, decode.new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
+        jax.random.key(0), np.float32(0), np.int32(0), np.float32(1), np.int32(-1),
+        np.int32(max_new_tokens), np.int32(0), config=config,
+        budget=decode.token_budget(max_new_tokens))
+    return lowered.as_text().count("stablehlo.while")
+
+
+def test_a_program_that_cannot_fill_the_cache_leaves_out_the_window_loop(tiny_config,
+                                                                         tiny_params):
+    """A 32-slot prompt and 32 new tokens in a 64-slot context: the steps write slots 32..62,
+    the cache never fills, the program has no re-prefill loop, and the tokens are still the
+    naive recomputation's. One more token (a 64-token budget) brings the loop back."""
+    prompt = list(range(1, 33))
+    S = tiny_config.max_seq_len
+    assert decode.prompt_bucket(len(prompt), S) + decode.token_budget(32) == S
+    within = _while_loops(tiny_config, tiny_params, [prompt], 32)
+    past = _while_loops(tiny_config, tiny_params, [prompt], 33)
+    assert past - within == 2, (within, past)  # the cycle over re-prefills and its inner loop
+    out = decode.generate(tiny_config, tiny_params, [prompt], max_new_tokens=32, temperature=0.0)
+    assert out == [_naive_greedy(tiny_config, tiny_params, prompt, 32)]
+
+
 @pytest.mark.parametrize("P,S", [(16, 64), (16, 512), (64, 505), (256, 512), (64, 64)])
 def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
     pieces = decode.fill_segments(P, S)

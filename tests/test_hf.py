@@ -12,8 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from conftest import run_cli
 from transformer import (checkpoint, config as config_lib, decode, export, hf, hf_import,
@@ -22,6 +20,8 @@ from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.model import GPT, init_params, unstack_layers
 
+# torch and transformers (~3.6 s to import) come in the functions that use them: every pytest
+# process collects this module (both xdist workers, device_check's), one runs it.
 TOL = 1e-4
 # matmul=plain: float32 arithmetic, compared with transformers to 1e-4
 BASE = dict(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=128,
@@ -52,6 +52,7 @@ def our_logits(mc, params, tokens):
 
 
 def hf_logits(model, tokens):
+    import torch
     with torch.no_grad():
         return model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
 
@@ -62,6 +63,7 @@ def tokens(mc, T=40, B=2, seed=0):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
+    import transformers
     mc = ModelConfig(**BASE, **VARIANTS[name])
     params = random_params(mc)
     out = export.write_folder(mc, params, tokenizers.ByteTokenizer(), tmp_path / "hf")
@@ -82,6 +84,8 @@ def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
 
 def hf_gpt2(tmp_path, tie=True, seed=0):
     """A random GPT2LMHeadModel saved locally, with its biases and norm gains randomised."""
+    import torch
+    import transformers
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=320, n_embd=32, n_layer=2, n_head=4, n_inner=48,
                                   n_positions=64, tie_word_embeddings=tie, resid_pdrop=0.0,
@@ -106,6 +110,8 @@ def test_imported_gpt2_gives_hf_logits(tie, tmp_path):
 
 def test_greedy_sample_equals_hf_generate(tmp_path):
     """sample.py --hf (temperature 0) and HF generate(do_sample=False): the same 100 tokens."""
+    import torch
+    import transformers
     mc = ModelConfig(**BASE)
     out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
                               tmp_path / "hf")
@@ -127,6 +133,7 @@ def test_greedy_sample_equals_hf_generate(tmp_path):
 
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
 def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
+    import transformers
     text = "def f(x):\n    return x  # héllo, 世界\n" * 20
     tok = tokenizers.build(kind, text, 300)
     mc = ModelConfig(**{**BASE, "vocab_size": max(256, tok.vocab_size)})
@@ -154,6 +161,7 @@ def run_config(**model):
 
 
 def test_export_cli_writes_a_loadable_folder(tmp_path):
+    import transformers
     config = run_config()
     mc = ModelConfig.from_config(config)
     params = random_params(mc)

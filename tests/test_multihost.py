@@ -32,7 +32,8 @@ def _free_port() -> int:
 def _env(**extra) -> dict:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=2", **extra}
+            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's, if any
+                         "--xla_force_host_platform_device_count=2".strip(), **extra}
 
 
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):

@@ -241,7 +241,10 @@ def test_second_ctrl_c_quits_at_once_leaving_only_complete_checkpoints(corpus, t
 
 def test_a_second_run_on_a_workdir_in_use_is_refused_until_the_first_ends(corpus, tmp_path):
     workdir = tmp_path / "run"
-    first = start(train_args(corpus, workdir), step_delay=0.05)
+    # Slow enough that the first run is still training (32 more steps, 16 s) whenever the
+    # second has started up, however loaded the machine: at 0.05 s a step it could finish
+    # first, and the second then trained normally (seen on a loaded 2-core machine).
+    first = start(train_args(corpus, workdir), step_delay=0.5)
     wait_for(lambda: committed(workdir), first)  # it holds the workdir by its first save
     second = run(train_args(corpus, workdir))
     lines = second.stderr.strip().splitlines()

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _env(devices: int) -> dict:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's, if any
+                         f"--xla_force_host_platform_device_count={devices}".strip()}
 
 
 def _abstract_mesh(shape):

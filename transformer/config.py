@@ -189,12 +189,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_data(config.data)
     _check_train(config.train)
     s = config.sample
-    check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, config.model.max_seq_len,
-                   prefix="sample.")
+    check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, prefix="sample.")
     return config
 
 
-def check_sampling(temperature, top_k, top_p, max_new_tokens, max_seq_len, prefix=""):
+def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix=""):
     """Sampling values that make sense; shared by the config and sample.py's flags."""
     if temperature < 0:
         _fail(f"{prefix}temperature", temperature, "must be >= 0 (0 means greedy)")

@@ -279,7 +279,12 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
                    jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), jnp.int32(P),
                    start_B, history_BS)
-    state = loop.slide(loop.fill(loop.emit(state, logits_BPV[:, -1]), P))
+    state = loop.fill(loop.emit(state, logits_BPV[:, -1]), P)
+    if P + budget > config.max_seq_len:
+        # Otherwise the cache never fills: the budget's steps write at most slots P ..
+        # P + budget - 2. Leaving the window policy's loop out of such a program halves the
+        # model copies XLA compiles (prefill and fill steps, no re-prefill and its loop).
+        state = loop.slide(state)
     if stream:
         loop.send(state)  # the last, partial chunk
     return state.out_BN, state.cache

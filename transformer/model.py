@@ -267,8 +267,11 @@ def init_params(config: ModelConfig, key: jax.Array):
     return nn.unbox(GPT(config).init(key, tokens)["params"])
 
 
+@functools.lru_cache(maxsize=32)
 def logical_axes(config: ModelConfig):
-    """The logical axis names of every parameter, without allocating any of them."""
+    """The logical axis names of every parameter, without allocating any of them. Cached per
+    config (tracing the model's init costs ~0.3 s, and a run asks for its training state, its
+    sampler and its checkpoint restore); callers must not mutate the tree."""
     tokens = jnp.zeros((1, min(8, config.max_seq_len)), jnp.int32)
     boxed = jax.eval_shape(GPT(config).init, jax.random.key(0), tokens)["params"]
     return nn.get_partition_spec(boxed)
