@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,9 @@ from pathlib import Path
 # element-wise fusions go through XLA's older (elemental) IR emitter rather than its MLIR fusion
 # emitters, which cost ~15 ms more per program; each op run eagerly (flax's init, optax's,
 # a test's own jnp) is a program of its own. Together 40-50% less CPU for compile-bound tests
-# (docs/testing.md). Results round differently in the last
-# bits from the default level's (float32 params after 5 steps: within 1e-6), so every bitwise
-# property is checked between programs of one level, as it must hold at any level. Every
+# (docs/testing.md). Results round differently in the last bits from the default level's
+# (float32 params after 5 steps: within 1e-6), so every bitwise property is checked between
+# programs of one level, as it must hold at any level. Every
 # subprocess a test starts inherits the flags (tests that add XLA flags append to them).
 # TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; with a CUDA or TPU
 # plugin installed (python -m transformer.device_check on an accelerator) it always does.
@@ -82,6 +83,24 @@ def tiny_config() -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny_params(tiny_config):
     return init_params(tiny_config, jax.random.key(0))
+
+
+def simulated_devices_env(devices: int, **extra) -> dict:
+    """The environment of a subprocess that sees `devices` CPU devices (sharding, several
+    processes): this session's XLA flags (the fast-compile ones above, if set) plus the device
+    count, the repo on PYTHONPATH (for tests/*_check.py scripts), unbuffered output, `extra`."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                   f"--xla_force_host_platform_device_count={devices}"]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": flags,
+            **extra}
+
+
+def free_port() -> int:
+    """A localhost port nobody listens on now (for a jax.distributed coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_cli(*args, cwd=ROOT, timeout=300, env=None):

@@ -7,10 +7,7 @@ tests/test_sharding.py does).
 """
 
 import json
-
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,22 +15,14 @@ from pathlib import Path
 
 import jax
 
+from conftest import free_port, simulated_devices_env
 from transformer import checkpoint, config as config_lib, run, start
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra) -> dict:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's, if any
-                         "--xla_force_host_platform_device_count=2".strip(), **extra}
+    return simulated_devices_env(2, JAX_PLATFORMS="cpu", **extra)
 
 
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
@@ -42,7 +31,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
             "--config.data.corpus=copy", "--config.train.steps=400",
             "--config.train.log_every=1", "--config.train.eval_every=1000",
             "--config.train.ckpt_every=1000", "--config.mesh.fsdp=2",
-            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{_free_port()}",
+            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{free_port()}",
             "--num_processes=2"]
     procs = [subprocess.Popen(args + [f"--process_id={i}"], cwd=ROOT,
                               env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02"),
@@ -85,7 +74,7 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
     config.sample.max_new_tokens = 4
     run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
 
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "tests/multihost_resume_check.py", str(tmp_path),
                                str(port), str(i)], cwd=ROOT, env=_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]

@@ -6,8 +6,6 @@ of 2 devices joined through jax.distributed against one process of 4 devices.
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,18 +15,12 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
+from conftest import free_port, simulated_devices_env
 from transformer import sharding
 from transformer.config import ConfigError, base_config, validate
 from transformer.data import batches
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _env(devices: int) -> dict:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's, if any
-                         f"--xla_force_host_platform_device_count={devices}".strip()}
 
 
 def _abstract_mesh(shape):
@@ -117,7 +109,8 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
     result = subprocess.run(
         [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
          "--config.mesh.data=3", "--config.mesh.tensor=2", "--no_progress"],
-        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=120)
+        cwd=ROOT, env=simulated_devices_env(4), capture_output=True, text=True,
+        timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: mesh.data=3")
     assert "6 devices, but there are 4" in result.stderr
@@ -130,7 +123,8 @@ def test_sharded_meshes_match_one_device(tmp_path):
     cache between devices (batches of 1, 4 and 8 rows)."""
     out = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out)], cwd=ROOT,
-                            env=_env(8), capture_output=True, text=True, timeout=600)
+                            env=simulated_devices_env(8), capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["meshes"]) == {"(8, 1, 1)", "(1, 8, 1)", "(2, 2, 2)", "(1, 2, 4)"}
@@ -149,12 +143,6 @@ def test_sharded_meshes_match_one_device(tmp_path):
         assert r["identical"] and r["placed"] and r["step"] == 3, target
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_match_one_process_of_four_devices(tmp_path):
     """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4."""
     args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
@@ -162,14 +150,15 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
             "--config.train.eval_every=3", "--config.train.eval_batches=1",
             "--config.train.ckpt_every=3", "--config.mesh.fsdp=2",
             "--config.sample.max_new_tokens=4"]
-    port = _free_port()
+    port = free_port()
     multi = [subprocess.Popen(args + [f"--workdir={tmp_path / 'multi'}",
                                       f"--coordinator_address=127.0.0.1:{port}",
                                       "--num_processes=2", f"--process_id={i}"],
-                              cwd=ROOT, env=_env(2), stdout=subprocess.PIPE,
+                              cwd=ROOT, env=simulated_devices_env(2), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
-    single = subprocess.run(args + [f"--workdir={tmp_path / 'single'}"], cwd=ROOT, env=_env(4),
-                            capture_output=True, text=True, timeout=600)
+    single = subprocess.run(args + [f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
+                            env=simulated_devices_env(4), capture_output=True, text=True,
+                            timeout=600)
     outputs = [p.communicate(timeout=600) for p in multi]
     for p, (_, err) in zip(multi, outputs):
         assert p.returncode == 0, err[-3000:]
