@@ -17,7 +17,8 @@ from absl import flags
 
 # Only what checks the flags: jax, flax and orbax (~1.5 s to import) come once they are valid,
 # so a bad value is refused in a blink (as train.py does).
-from transformer import cli, config as config_lib
+from transformer import cli
+from transformer import config as config_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
 _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 folder "
@@ -46,7 +47,7 @@ def main(argv):
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
     config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value)
-    from transformer import textgen
+    from transformer.generate import text as textgen
 
     step, model_config, params, tokenizer = _load()
     stream = _NUM_SAMPLES.value == 1 and not _NO_STREAM.value
@@ -81,9 +82,11 @@ class _StreamPrinter:
 
 def _load():
     """(step, model config, params, tokenizer) of --hf or of --workdir's checkpoint."""
-    from transformer import checkpoint, hf_import, matmul_auto
     from transformer.config import ModelConfig
     from transformer.data import tokenizers
+    from transformer.hf import load as hf_import
+    from transformer.model.kernels import auto as matmul_auto
+    from transformer.train import checkpoint
 
     if _HF.value is not None:
         model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
@@ -103,7 +106,7 @@ def _abstract_params(meta):
     import jax
 
     from transformer.config import ModelConfig
-    from transformer.model import init_params
+    from transformer.model.gpt import init_params
 
     model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -26,7 +26,9 @@ from ml_collections import config_flags
 
 # Only what checks the flags and the config: jax, flax and orbax (~1.5 s to import) come in
 # main once the config is valid, so a bad value is refused in a blink.
-from transformer import cli, config as config_lib, faults
+from transformer import cli
+from transformer import config as config_lib
+from transformer.train import faults
 
 _HERE = Path(__file__).resolve().parent
 _CONFIG = config_flags.DEFINE_config_file(
@@ -70,7 +72,10 @@ def main(argv):
     init_distributed()
     import jax
 
-    from transformer import run, sharding, textgen, training
+    from transformer.generate import text as textgen
+    from transformer.parallel import sharding
+    from transformer.train import run
+    from transformer.train import trainer as training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
     state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,

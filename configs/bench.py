@@ -1,4 +1,4 @@
-"""The shape `python -m transformer.bench` measures by default: 4 layers, 4 heads, d_model 256,
+"""The shape `python -m transformer bench` measures by default: 4 layers, 4 heads, d_model 256,
 context 256, batch 16, vocab 256, float32 (the shape of the PyTorch figures in issue 7)."""
 
 from transformer.config import base_config

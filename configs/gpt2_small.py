@@ -1,7 +1,7 @@
 """GPT-2 small's shape (12 layers, 12 heads, d_model 768, d_ff 3072, context 1024) with the
 byte-level vocabulary: the GPU line of the bench (bfloat16, MFU against the datasheet peak).
 
-    python -m transformer.bench --config=configs/gpt2_small.py --modes=bf16 --no_peer
+    python -m transformer bench --config=configs/gpt2_small.py --modes=bf16 --no_peer
 
 About 85M non-embedding parameters; one training step (16 x 1024 tokens) is ~8.5 TFLOP, so
 this is a GPU/TPU config: on a 2-core CPU a single step takes minutes.

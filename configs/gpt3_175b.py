@@ -2,7 +2,7 @@
 context 2048, the GPT-2 BPE vocabulary of 50257, tied input/output embeddings.
 Far too big to train here; for sizes and FLOPs:
 
-    python -m transformer.sizes --config=configs/gpt3_175b.py      # ~174.6B parameters
+    python -m transformer sizes --config=configs/gpt3_175b.py      # ~174.6B parameters
 """
 
 from transformer.config import base_config

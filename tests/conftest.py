@@ -19,7 +19,7 @@ from pathlib import Path
 # programs of one level, as it must hold at any level. Every
 # subprocess a test starts inherits the flags (tests that add XLA flags append to them).
 # TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; with a CUDA or TPU
-# plugin installed (python -m transformer.device_check on an accelerator) it always does.
+# plugin installed (python -m transformer device_check on an accelerator) it always does.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
                       " --xla_cpu_use_fusion_emitters=false")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from transformer.config import ModelConfig  # noqa: E402
-from transformer.model import init_params  # noqa: E402
+from transformer.model.gpt import init_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,9 @@ import jax
 def main(workdir, port, process_id):
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=process_id)
-    from transformer import checkpoint, config as config_lib, sharding, start
+    from transformer import config as config_lib
+    from transformer.parallel import sharding
+    from transformer.train import checkpoint, start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     newest, saved = ckpts.all_steps()[-1], ckpts.read_meta()["config"]

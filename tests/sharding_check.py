@@ -19,10 +19,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer import checkpoint, decode, sharding
 from transformer.config import base_config, validate
 from transformer.data import batches
-from transformer.training import Trainer
+from transformer.generate import decode
+from transformer.parallel import sharding
+from transformer.train import checkpoint
+from transformer.train.trainer import Trainer
 
 SHAPES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 DECODE_SHAPES = [(2, 2, 2), (1, 2, 4)]  # each decode compile costs seconds: two meshes suffice
@@ -62,7 +64,7 @@ def max_diff(a, b):
 def split_as_ruled(trainer, params):
     """Every parameter's sharding is the rules' spec, and each device holds a piece of the
     size that spec implies (so the array really is cut, not just labelled)."""
-    from transformer.model import logical_axes
+    from transformer.model.gpt import logical_axes
     names = logical_axes(trainer.model_config)
     flat_names = jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     bad = []

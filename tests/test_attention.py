@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention
-from transformer.kernels import attention_vjp
+from transformer.model import attention
+from transformer.model.kernels import attention_vjp
 
 
 def _qkv(B, H, G, T, S, K, seed=0):

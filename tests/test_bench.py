@@ -7,11 +7,12 @@ import jax
 import pytest
 
 from tests.conftest import run_cli
-from transformer import flops, metrics
 from transformer.config import ModelConfig
-from transformer.model import init_params
+from transformer.model import flops
+from transformer.model.gpt import init_params
+from transformer.train import metrics
 
-# The shape and rounds of `python -m transformer.device_check`'s CPU smoke bench: the same
+# The shape and rounds of `python -m transformer device_check`'s CPU smoke bench: the same
 # programs, so the session's compilation cache (conftest.py) builds them once for all three.
 SMOKE = ["--config=configs/tiny.py", "--rounds=1", "--steps=2", "--warmup=1", "--decode_reps=1",
          "--new_tokens=8", "--config.data.corpus=random"]
@@ -47,7 +48,7 @@ def test_peak_comes_from_the_table_on_accelerators_and_is_measured_on_cpu():
 def test_bench_json_has_the_figures_and_no_recompiles():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    result = run_cli("-m", "transformer.bench", "--json", *SMOKE)
+    result = run_cli("-m", "transformer", "bench", "--json", *SMOKE)
     assert result.returncode == 0, result.stderr[-2000:]
     r = json.loads(result.stdout)
     for key in ("train_tokens_per_s", "peer_train_tokens_per_s", "decode_tokens_per_s_b1",
@@ -68,12 +69,12 @@ def test_bench_json_has_the_figures_and_no_recompiles():
 
 
 def test_bench_without_the_peer_prints_a_table():
-    result = run_cli("-m", "transformer.bench", "--no_peer", "--modes=f32", *SMOKE)
+    result = run_cli("-m", "transformer", "bench", "--no_peer", "--modes=f32", *SMOKE)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train tokens/s, f32" in result.stdout and "decode tokens/s, batch 8" in result.stdout
     assert "isa: " in result.stdout and "model.matmul=auto picks " in result.stdout
 
 
 def test_bench_refuses_a_bad_mode():
-    result = run_cli("-m", "transformer.bench", "--no_peer", "--modes=fp8")
+    result = run_cli("-m", "transformer", "bench", "--no_peer", "--modes=fp8")
     assert result.returncode == 2 and result.stderr.startswith("error: --modes=fp8")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from transformer import checkpoint, config as config_lib, run
+from transformer import config as config_lib
 from transformer.config import ConfigError
 from transformer.data import tokenizers
+from transformer.train import checkpoint, run
 
 TEXT = "def add(a, b):\n    return a + b\n\n" * 200 + "class Point:\n    x = 1\n" * 100
 

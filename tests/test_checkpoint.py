@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import checkpoint, processes
-from transformer.checkpoint import CheckpointError, Checkpoints, TransientReadError
+from transformer.parallel import processes
+from transformer.train import checkpoint
+from transformer.train.checkpoint import CheckpointError, Checkpoints, TransientReadError
 
 
 def _tree(seed):

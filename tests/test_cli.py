@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from conftest import run_cli
 
 TINY = ["--config=configs/tiny.py", "--config.train.steps=20", "--config.train.ckpt_every=10",
@@ -99,7 +98,7 @@ def test_sample_on_a_workdir_without_checkpoint_fails_clearly(tmp_path):
 
 
 @pytest.mark.parametrize("args,flag", [(["train.py"], "--config"), (["sample.py"], "--prompt"),
-                                       (["-m", "transformer.scaling"], "--sweep")])
+                                       (["-m", "transformer", "scaling"], "--sweep")])
 def test_help_lists_the_program_flags(args, flag):
     """We parse flags without absl's app.run, which is where --help is usually defined."""
     result = run_cli(*args, "--help")

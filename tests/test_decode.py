@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode, kvcache
-from transformer.model import GPT, stack_layers
+from transformer.generate import decode
+from transformer.model import kvcache
+from transformer.model.gpt import GPT, stack_layers
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

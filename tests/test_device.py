@@ -1,4 +1,4 @@
-"""What must hold on whatever device runs the tests; `python -m transformer.device_check` runs
+"""What must hold on whatever device runs the tests; `python -m transformer device_check` runs
 these (and the other tests marked `device`) on a GPU or TPU. On a CPU they run as well: the
 properties are the same, only the mesh is smaller."""
 
@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention, sharding
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.data import batches
-from transformer.model import GPT, init_params
-from transformer.training import Trainer, resolve
+from transformer.model import attention
+from transformer.model.gpt import GPT, init_params
+from transformer.parallel import sharding
+from transformer.train.trainer import Trainer, resolve
 
 pytestmark = pytest.mark.device
 

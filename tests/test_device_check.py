@@ -1,4 +1,4 @@
-"""`python -m transformer.device_check` on a CPU: the accelerator check as a smoke test (a
+"""`python -m transformer device_check` on a CPU: the accelerator check as a smoke test (a
 device-marked test in a pytest process of its own, then a tiny bench line), so the command
 keeps working between GPU runs. The suite itself runs every device-marked test; here one,
 chosen with --tests_k, shows that the command finds, runs and reports them."""
@@ -7,7 +7,7 @@ from conftest import run_cli
 
 
 def test_device_check_runs_the_device_tests_and_the_bench_line():
-    result = run_cli("-m", "transformer.device_check",
+    result = run_cli("-m", "transformer", "device_check",
                      "--tests_k=cudnn_attention_is_asked_for_only_by_its_name", timeout=600)
     out = result.stdout
     assert result.returncode == 0, (out + result.stderr)[-3000:]
@@ -18,7 +18,7 @@ def test_device_check_runs_the_device_tests_and_the_bench_line():
 
 
 def test_device_check_fails_when_the_bench_fails():
-    result = run_cli("-m", "transformer.device_check", "--notests",
+    result = run_cli("-m", "transformer", "device_check", "--notests",
                      "--bench_config=configs/no_such_config.py")
     assert result.returncode == 1
     assert "bench: FAILED" in result.stdout

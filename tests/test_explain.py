@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from transformer import explain
 from transformer.config import ModelConfig
-from transformer.model import init_params
+from transformer.model.gpt import init_params
+from transformer.tools import explain
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
@@ -61,7 +61,7 @@ def test_numpy_steps_against_hand_computed_numbers():
 
 
 def test_cli_prints_every_step_and_the_check():
-    result = subprocess.run([sys.executable, "-m", "transformer.explain", "--text=abc",
+    result = subprocess.run([sys.executable, "-m", "transformer", "explain", "--text=abc",
                              "--head=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     for step in ("1. Q", "2. K", "3. V", "4. scores", "5. scaled", "6. causal mask",
@@ -72,6 +72,6 @@ def test_cli_prints_every_step_and_the_check():
 
 
 def test_cli_refuses_a_long_text():
-    result = subprocess.run([sys.executable, "-m", "transformer.explain", "--text=" + "x" * 40],
+    result = subprocess.run([sys.executable, "-m", "transformer", "explain", "--text=" + "x" * 40],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stderr.startswith("error:")

@@ -5,8 +5,10 @@ import dataclasses
 
 import pytest
 
-from transformer import config as config_lib, fields, resume, sizes, training
-from transformer.config import ModelConfig, base_config
+from transformer import config as config_lib
+from transformer.config import ModelConfig, base_config, fields, resume
+from transformer.model import sizes
+from transformer.train import trainer as training
 
 
 def problems(table, model_config=ModelConfig, free=resume.FREE, fixed=resume.FIXED) -> list:

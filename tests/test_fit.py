@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from transformer import chinchilla
+from transformer.scaling import chinchilla
 
 TRUE = dict(E=1.7, A=400.0, alpha=0.34, B=410.0, beta=0.28)
 

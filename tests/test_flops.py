@@ -8,9 +8,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from transformer import flops, sizes
 from transformer.config import ModelConfig
-from transformer.model import count_params, init_params
+from transformer.model import flops, sizes
+from transformer.model.gpt import count_params, init_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_kv_cache_and_activation_bytes():
 
 
 def test_gpt3_175b_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "transformer.sizes",
+    out = subprocess.run([sys.executable, "-m", "transformer", "sizes",
                           "--config=configs/gpt3_175b.py", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -84,10 +84,10 @@ def test_gpt3_175b_from_the_command_line():
 
 
 def test_sizes_text_and_errors():
-    text = subprocess.run([sys.executable, "-m", "transformer.sizes",
+    text = subprocess.run([sys.executable, "-m", "transformer", "sizes",
                            "--config=configs/tiny.py"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert text.returncode == 0 and "non-embedding" in text.stdout and "KV cache" in text.stdout
-    missing = subprocess.run([sys.executable, "-m", "transformer.sizes"], cwd=ROOT,
+    missing = subprocess.run([sys.executable, "-m", "transformer", "sizes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and missing.stderr.startswith("error: --config")

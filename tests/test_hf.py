@@ -12,13 +12,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from transformer import (checkpoint, config as config_lib, decode, export, hf, hf_import,
-                         hf_weights, run, training)
+
+from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
-from transformer.model import GPT, init_params, unstack_layers
+from transformer.generate import decode
+from transformer.hf import export
+from transformer.hf import load as hf_import
+from transformer.hf import mapping as hf
+from transformer.hf import weights as hf_weights
+from transformer.model.gpt import GPT, init_params, unstack_layers
+from transformer.train import checkpoint, run
+from transformer.train import trainer as training
 
 # torch and transformers (~3.6 s to import) come in the functions that use them: every pytest
 # process collects this module (both xdist workers, device_check's), one runs it.
@@ -166,7 +172,7 @@ def test_export_cli_writes_a_loadable_folder(tmp_path):
     mc = ModelConfig.from_config(config)
     params = random_params(mc)
     save_run(tmp_path / "run", config, params)
-    result = run_cli("-m", "transformer.export", f"--workdir={tmp_path / 'run'}",
+    result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
                      f"--out={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -177,7 +183,7 @@ def test_export_cli_writes_a_loadable_folder(tmp_path):
 def test_export_cli_refuses_unsupported_variant_writing_nothing(tmp_path):
     config = run_config(norm_placement="post")
     save_run(tmp_path / "run", config, random_params(ModelConfig.from_config(config)))
-    result = run_cli("-m", "transformer.export", f"--workdir={tmp_path / 'run'}",
+    result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
                      f"--out={tmp_path / 'hf' / 'x'}")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "model.norm_placement" in result.stderr

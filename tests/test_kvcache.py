@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode, kvcache
+from transformer.generate import decode
+from transformer.model import kvcache
 
 B, G, S, K = 3, 2, 10, 4
 

@@ -8,9 +8,11 @@ import sys
 import jax
 import pytest
 
-from transformer import config as config_lib, matmul_auto, metrics
+from transformer import config as config_lib
 from transformer.config import base_config
-from transformer.matmul_auto import decide_cpu
+from transformer.model.kernels import auto as matmul_auto
+from transformer.model.kernels.auto import decide_cpu
+from transformer.train import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZEN3 = {"sse4_2", "avx", "avx2", "fma"}                       # AVX2 only: bf16 is emulated

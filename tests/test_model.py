@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model import GPT, count_params, init_params, stack_layers, unstack_layers
+from transformer.model.gpt import GPT, count_params, init_params, stack_layers, unstack_layers
 
 
 def _logits(config, params, tokens):

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import jax
-
 from conftest import free_port, simulated_devices_env
-from transformer import checkpoint, config as config_lib, run, start
+
+from transformer import config as config_lib
+from transformer.train import checkpoint, run, start
 
 ROOT = Path(__file__).resolve().parent.parent
 

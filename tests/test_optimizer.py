@@ -9,9 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from transformer import optimizer, training
 from transformer.config import ConfigError, ModelConfig, base_config, validate
-from transformer.model import init_params
+from transformer.model.gpt import init_params
+from transformer.train import optimizer
+from transformer.train import trainer as training
 
 
 def _model(scan_layers):
@@ -174,7 +175,7 @@ def test_the_bench_peer_decays_the_same_tensors_as_we_do():
     """The PyTorch peer (HF GPT-2 + torch AdamW) decays what optimizer.decays decays: the
     same number of decayed and of undecayed weights, for tied and untied heads."""
     pytest.importorskip("torch")
-    from transformer import bench
+    from transformer.tools import bench
     for tied in (True, False):
         model = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
                             max_seq_len=32, tie_embeddings=tied, matmul="plain")

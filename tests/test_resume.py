@@ -85,7 +85,8 @@ def final_state(workdir):
     """(step, leaves of params and optimizer state as numpy) of the newest checkpoint."""
     import jax
 
-    from transformer import checkpoint, config as config_lib, start
+    from transformer import config as config_lib
+    from transformer.train import checkpoint, start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(

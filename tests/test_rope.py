@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import rope
-from transformer.model import GPT, init_params
+from transformer.model import rope
+from transformer.model.gpt import GPT, init_params
 
 
 @pytest.mark.parametrize("shift", [1, 7, 300])

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.sampling import filter_logits, sample
+from transformer.generate.sampling import filter_logits, sample
 
 V = 32
 

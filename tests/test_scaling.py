@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transformer import fit, scaling
 from transformer.config import ConfigError, base_config
+from transformer.scaling import fit
+from transformer.scaling import sweep as scaling
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def test_ladder_follows_its_rule_and_budgets_set_steps():
 
 TINY_SWEEP = '''
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 def get_config():
     base = base_config()
@@ -87,7 +88,7 @@ def get_config():
 
 
 def _scaling(*args):
-    return subprocess.run([sys.executable, "-m", "transformer.scaling", "--no_progress", *args],
+    return subprocess.run([sys.executable, "-m", "transformer", "scaling", "--no_progress", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import flax.linen as nn
 import numpy as np
 import pytest
+from conftest import free_port, simulated_devices_env
 from jax.sharding import AbstractMesh, AxisType
 
-from conftest import free_port, simulated_devices_env
-from transformer import sharding
 from transformer.config import ConfigError, base_config, validate
 from transformer.data import batches
+from transformer.parallel import sharding
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 import random
 
 from transformer.data import tokenizers
-from transformer.textgen import REPLACEMENT, TextStream, encode_prompt
+from transformer.generate.text import REPLACEMENT, TextStream, encode_prompt
 
 
 def _stream(tokenizer, ids):

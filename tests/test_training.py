@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention, run, training
 from transformer.config import base_config
+from transformer.model import attention
+from transformer.train import run
 
 VOCAB = 16
 
@@ -28,7 +29,7 @@ def _config(corpus, steps):
 
 
 def _final_val_loss(workdir):
-    from transformer.metrics import MetricsLog
+    from transformer.train.metrics import MetricsLog
     return [m["val_loss"] for m in MetricsLog(workdir).read() if "val_loss" in m][-1]
 
 
@@ -69,7 +70,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
 
 
 def test_every_evaluation_reports_bits_per_byte_equal_to_nats_over_ln2_for_bytes(tmp_path):
-    from transformer.metrics import MetricsLog
+    from transformer.train.metrics import MetricsLog
     c = _config("stdlib", 4)
     c.model.vocab_size = 256
     c.data.update(tokenizer="byte", max_bytes=200_000)

@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode, training
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.data import batches
-from transformer.model import GPT, init_params, stack_layers
+from transformer.generate import decode
+from transformer.model.gpt import GPT, init_params, stack_layers
+from transformer.train import trainer as training
 
 V, T = 16, 16
 SMALL = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=T,

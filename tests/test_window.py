@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention, decode, kvcache, sampling
 from transformer.config import ModelConfig
-from transformer.model import GPT, init_params
+from transformer.generate import decode, sampling
+from transformer.model import attention, kvcache
+from transformer.model.gpt import GPT, init_params
 
 S = 32
 BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=S,

@@ -13,17 +13,17 @@ import sys
 
 from absl import flags, logging
 
-from transformer.faults import NonFiniteError
-from transformer.signals import Stopped
+from transformer.train.faults import NonFiniteError
+from transformer.train.signals import Stopped
 
 # Where each kind of user error is declared. cli.py does not import these modules itself
 # (jax, flax and orbax take ~1.5 s to import): an error can only come from a module that is
 # loaded, so a bad config value is refused before the heavy imports happen at all.
-_USER_ERROR_HOMES = {"transformer.config": "ConfigError",
+_USER_ERROR_HOMES = {"transformer.config.schema": "ConfigError",
                      "transformer.data.corpus": "CorpusError",
                      "transformer.data.tokenizers": "TokenizerError",
-                     "transformer.decode": "GenerationError",
-                     "transformer.checkpoint": "CheckpointError"}
+                     "transformer.generate.decode": "GenerationError",
+                     "transformer.train.checkpoint": "CheckpointError"}
 
 
 def loaded_user_errors() -> tuple:

@@ -1,13 +1,13 @@
 """Sizes × data on CPU: 3 sizes of the CPU ladder at 3 token budgets, for an L(N, D) fit.
 
-    python -m transformer.scaling --sweep=configs/scaling/cpu_budgets.py --workdir=runs/budgets
+    python -m transformer scaling --sweep=configs/scaling/cpu_budgets.py --workdir=runs/budgets
 
 Same rule and training settings as cpu_ladder.py (d_model = 32 × n_layers, heads of 32),
 n_layers 1..3 at 0.25M, 0.5M and 1M tokens: 9 runs, about 10 minutes on 2 idle cores.
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 
 def get_config():

@@ -2,10 +2,10 @@
 compute budgets, 2e11, 6e11 and 2e12 FLOPs; every size gets tokens = budget / (its training
 FLOPs per token), so at each budget small models see many tokens and large ones few.
 
-    python -m transformer.scaling --sweep=configs/scaling/cpu_isoflop.py --workdir=runs/isoflop
-    python -m transformer.scaling --workdir=runs/isoflop --report
-    python -m transformer.scaling --workdir=runs/isoflop --predict --flops=6e12
-    python -m transformer.scaling --workdir=runs/isoflop --report --holdout=largest
+    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop.py --workdir=runs/isoflop
+    python -m transformer scaling --workdir=runs/isoflop --report
+    python -m transformer scaling --workdir=runs/isoflop --predict --flops=6e12
+    python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
 
 Sizes: 2 layers, d_model 8, 12, 16, 24, 32, 48, 64, 96 (about 1.5x apart in width, 2.2x
 in non-embedding params: 1.76K → 224K), heads of at most 16 dims, d_ff = 4 × d_model. A fixed
@@ -26,7 +26,7 @@ bound by per-step overhead, not FLOPs.
 """
 
 from transformer.config import base_config
-from transformer.scaling import sweep_config
+from transformer.scaling.sweep import sweep_config
 
 WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96)
 

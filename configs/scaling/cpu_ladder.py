@@ -1,6 +1,6 @@
 """The CPU ladder: 5 sizes, 12.8K → 1.55M non-embedding params (121×), 1.5M tokens each.
 
-    python -m transformer.scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
+    python -m transformer scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
 
 Sizing rule (transformer.scaling.ladder): d_model = 32 × n_layers, heads of 32 (so
 n_heads = n_layers), d_ff = 4 × d_model, n_layers = 1..5. Every run: byte-level BPE with 1024
@@ -10,7 +10,7 @@ CPU cores, most of it in the largest model.
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 
 def get_config():

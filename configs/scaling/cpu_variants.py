@@ -1,6 +1,6 @@
 """Scaling of a change: GPT-2's block against the modern combination across the CPU ladder.
 
-    python -m transformer.scaling --sweep=configs/scaling/cpu_variants.py --workdir=runs/variants
+    python -m transformer scaling --sweep=configs/scaling/cpu_variants.py --workdir=runs/variants
 
 Two variants, each trained at every size of the CPU ladder (cpu_ladder.py: d_model =
 32 × n_layers, n_layers 1..5, 1.5M tokens each): `gpt2` (learned positions, LayerNorm, GELU
@@ -12,7 +12,7 @@ not measured. Results: docs/scaling.md.
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 
 def get_config():

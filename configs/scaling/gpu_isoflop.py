@@ -2,13 +2,13 @@
 ladder (10.6M → 394M) at 1e17, 3e17 and 1e18 FLOPs; every size gets tokens = budget / (its
 training FLOPs per token).
 
-    python -m transformer.scaling --sweep=configs/scaling/gpu_isoflop.py --workdir=runs/isoflop
+    python -m transformer scaling --sweep=configs/scaling/gpu_isoflop.py --workdir=runs/isoflop
 
 15 runs; the report fits L(N, D) over all of them. Same rule as gpu_ladder.py.
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 
 def get_config():

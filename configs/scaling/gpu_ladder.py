@@ -1,7 +1,7 @@
 """The GPU ladder: 7 sizes, 10.6M → 1.08B non-embedding params, Chinchilla budget.
 
-    python -m transformer.scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder
-    python -m transformer.scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder --index=3
+    python -m transformer scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder
+    python -m transformer scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder --index=3
 
 Sizing rule (transformer.scaling.ladder): d_model = 64 × n_layers, heads of 64 (n_heads =
 n_layers), d_ff = 4 × d_model, n_layers in 6, 8, 12, 16, 20, 24, 28. Each run sees 20 tokens
@@ -11,7 +11,7 @@ Point data.corpus at a large text corpus; the standard library is far too small 
 """
 
 from transformer.config import base_config
-from transformer.scaling import ladder, sweep_config
+from transformer.scaling.sweep import ladder, sweep_config
 
 
 def get_config():

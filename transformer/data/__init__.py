@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
+from transformer.config.fields import SYNTHETIC_CORPORA as SYNTHETIC  # declared with data.corpus
 from transformer.data import batches, corpus, tokenizers
 from transformer.data.corpus import CorpusError
 from transformer.data.tokenizers import TokenizerError
-from transformer.fields import SYNTHETIC_CORPORA as SYNTHETIC  # declared with data.corpus
 
 
 def load(config, tokenizer=None):

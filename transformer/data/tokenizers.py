@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from transformer.fields import TOKENIZERS as KINDS  # declared with data.tokenizer
+from transformer.config.fields import TOKENIZERS as KINDS  # declared with data.tokenizer
 
 
 class TokenizerError(ValueError):

@@ -1,0 +1,38 @@
+"""The config room: every field declared once, the schema derived from it, the resume rules.
+
+    fields.py    each field once: default, allowed values, check, doc, resume rule
+    schema.py    base_config, validate (errors name the field and the fix), ModelConfig
+    resume.py    which changes a resumed run accepts
+
+Configs are plain data: building or validating one reads nothing of the machine it runs on
+(`model.matmul=auto` is resolved at the edge, by the run and sampler set-up). This room
+imports nothing else of the package. The schema's names are importable from here:
+
+    from transformer.config import ModelConfig, base_config, validate
+"""
+
+from transformer.config.fields import (  # noqa: F401  (the room's public face)
+    ATTENTION_KERNELS,
+    DTYPES,
+    MATMUL,
+    MATMUL_MODES,
+    MESH_AXES,
+    MLPS,
+    NONFINITE,
+    NORM_PLACEMENTS,
+    NORMS,
+    POSITIONS,
+    REMAT,
+    TOKENIZERS,
+)
+from transformer.config.schema import (  # noqa: F401
+    ConfigError,
+    ModelConfig,
+    base_config,
+    check_sampling,
+    flatten,
+    from_dict,
+    replace,
+    to_dict,
+    validate,
+)

@@ -1,0 +1,428 @@
+"""Generation: one prefill pass over the prompts, then compiled loops that emit one token a step.
+
+    cache  = zeros [B·G, S, K] per layer              preallocated, fixed shape (G K/V heads)
+    logits = model(prompts, cache)                       prefill: write the whole prompt
+    while fewer than max_new_tokens tokens and some row has not ended (lax.while_loop):
+      token  = sample(logits[:, -1], key = fold_in(seed key, step))
+      logits = model(token, cache at the next slot)      attend to the filled slots only
+      when every slot is filled: the window policy below
+
+Prompts of different lengths are left-padded to a shared length P, so every row writes its
+next token to the same slot; each row's mask hides its padding slots and its positions
+count from its first real token. P is rounded up to a bucket (16, 32, 64, ..., S), and so is
+the token budget (the output buffer: 16, 32, 64, ... tokens); the number of tokens asked
+for is a traced argument, so a handful of compiled programs serve every prompt and every
+length. While the cache fills, the loop runs in pieces whose cache is cut to the slots that
+can be filled by then (16, 32, 64, ... of them, `fill_segments`), so early tokens do not
+read the empty end of the cache. Temperature, top-k, top-p, the key, the prompt content, the
+length and the end token are traced arguments: changing them never recompiles. A row that
+samples its end token writes PAD_ID from then on; the loop stops when every row has ended.
+
+The loops are `lax.while_loop`s, the form of `lax.scan` whose trip count is traced: a scan
+runs a fixed number of steps, so it would compile one program per requested length and
+could not stop when every row has sampled its end token. Each loop body is one decode step,
+compiled once; no Python runs per token.
+
+Generation is not capped by the context S = max_seq_len. Once all S slots are filled, it
+goes on from the most recent tokens, by one of two policies (`window_policy`):
+
+- "reprefill" (learned positions; RoPE with full attention): the last W = S/2 tokens are
+  prefilled again into slots 0 .. W-1 with positions restarting at 0, and decoding goes on
+  into the freed slots. Learned positions stay inside their table, and every context the
+  model sees starts at a token it treats as a sequence start, as in training (a model
+  trained with full attention leans on the first tokens; a rolling window that evicts them
+  degrades it). The re-prefill, W tokens in one pass, is paid once every S - W + 1 tokens.
+  Rows of one batch slide together, at the same slot: a short prompt batched with a longer
+  one (a larger left padding) slides a few tokens earlier than it would alone.
+- "roll" (RoPE with a sliding window w < S): the cache is a ring; token n goes to slot
+  n mod S and positions keep counting. RoPE scores depend on p - s only and no query looks
+  back more than w < S positions, so this is exactly the model's forward pass over the
+  whole text, however long: nothing is recomputed and nothing is approximated.
+
+A prompt longer than the context continues from its last S tokens.
+
+On a device mesh (`generate(..., mesh=, rules=)`) the same program is compiled with explicit
+shardings: parameters as in training, the KV cache split over batch rows and heads, the
+prompts and the returned tokens copied on every device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.config import ModelConfig
+from transformer.generate import sampling
+from transformer.model import kernels, kvcache
+from transformer.model.gpt import GPT, unstack_layers
+from transformer.parallel import sharding
+
+PAD_ID = 0
+MIN_BUCKET = 16
+
+
+class GenerationError(ValueError):
+    """Arguments `generate` cannot work with (a length, a sampling knob, the prompt list)."""
+
+
+class PromptError(GenerationError):
+    """A prompt that cannot be generated from (empty, or holding ids outside the vocabulary)."""
+
+
+def window_policy(config: ModelConfig) -> str:
+    """How generation goes on once the cache is full: "roll" or "reprefill" (module doc)."""
+    if config.position == "rope" and 0 < config.sliding_window < config.max_seq_len:
+        return "roll"
+    return "reprefill"
+
+
+def keep_length(max_seq_len: int) -> int:
+    """W: how many of the most recent tokens a re-prefill keeps."""
+    return max(1, max_seq_len // 2)
+
+
+def _bucket(n: int, cap: int | None = None) -> int:
+    bucket = MIN_BUCKET
+    while bucket < n:
+        bucket *= 2
+    return bucket if cap is None else min(bucket, cap)
+
+
+def prompt_bucket(longest: int, max_seq_len: int) -> int:
+    """The padded prompt length: the next power of two >= longest (at least 16), at most S."""
+    return _bucket(longest, max_seq_len)
+
+
+def token_budget(max_new_tokens: int) -> int:
+    """The output buffer's length: the next power of two >= max_new_tokens (at least 16)."""
+    return _bucket(max_new_tokens)
+
+
+def fill_segments(P: int, S: int) -> list[tuple[int, int]]:
+    """The loop while the cache fills, in pieces (first, length): the steps that write slots
+    first .. length-1 run with the cache cut to its first `length` slots, a power of two
+    (or S). Attention then reads at most about twice the filled slots, not all S."""
+    out, slot = [], P
+    while slot < S:
+        length = _bucket(slot + 1, S)
+        out.append((slot, length))
+        slot = length
+    return out
+
+
+def check_args(config: ModelConfig, prompts, max_new_tokens, temperature, top_k, top_p,
+               eos_id) -> None:
+    """Refuses what generation cannot mean, naming the argument and the fix."""
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 1")
+    if not np.isfinite(temperature) or temperature < 0:
+        raise GenerationError(f"temperature={temperature}: must be >= 0 (0 means greedy)")
+    if top_k < 0:
+        raise GenerationError(f"top_k={top_k}: must be >= 0 (0 disables top-k)")
+    if not 0.0 < top_p <= 1.0:
+        raise GenerationError(f"top_p={top_p}: must be in (0, 1] (1 disables top-p)")
+    if not (eos_id == -1 or 0 <= eos_id < config.vocab_size):
+        raise GenerationError(f"eos_id={eos_id}: must be -1 (no end token) or a token id "
+                              f"below the vocabulary size {config.vocab_size}")
+    if len(prompts) == 0:
+        raise PromptError("no prompts: give a list of at least one prompt")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise PromptError(f"prompt {i} is empty: give at least one token")
+        bad = [t for t in prompt if not 0 <= t < config.vocab_size]
+        if bad:
+            raise PromptError(f"prompt {i} holds token id {bad[0]}, outside the vocabulary "
+                              f"[0, {config.vocab_size})")
+
+
+def _positions(index, T: int, start_B):
+    """Each row counts positions from its first real token; padding slots get position 0."""
+    return jnp.maximum(index + jnp.arange(T)[None, :] - start_B[:, None], 0)
+
+
+def _slide_start(start_B, shift: int):
+    """Where each row's real tokens start once the cache's content moves `shift` slots left."""
+    return jnp.maximum(start_B - shift, 0)
+
+
+def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
+    """The one function decoding needs from the model: tokens + cache → logits + cache.
+    `index` counts slots from the start of the text; the model writes slot index mod S."""
+    positions_BT = _positions(index, tokens_BT.shape[1], start_B)
+    return GPT(config).apply({"params": params}, tokens_BT, positions_BT,
+                             cache=cache, index=index, start_B=start_B)
+
+
+class _State(NamedTuple):
+    cache: list            # per layer {'k', 'v'}: [B·G, S or a prefix, K]
+    token_B: jax.Array     # the last token sampled, not yet in the cache
+    done_B: jax.Array      # the row has sampled its end token
+    out_BN: jax.Array      # the tokens sampled so far (the rest PAD_ID)
+    i: jax.Array           # how many tokens have been sampled
+    index: jax.Array       # the slot token_B goes to (counted from the text's start)
+    start_B: jax.Array     # each row's first real slot
+    history_BS: jax.Array  # the token in each cache slot (what a re-prefill reads)
+
+
+class _Loop(NamedTuple):
+    """What every step of one compiled generation shares (traced arrays and static facts)."""
+    config: ModelConfig
+    params: dict
+    keys_N2: jax.Array     # step i's key data: fold_in(seed key, i)
+    knobs: tuple           # temperature, top_k, top_p, eos_id
+    n: jax.Array           # how many tokens were asked for (<= budget)
+    stream_id: jax.Array | None  # None: no streaming
+    budget: int
+
+    def forward(self, tokens_BT, cache, index, start_B):
+        return _forward(self.config, self.params, tokens_BT, cache, index, start_B)
+
+    def running(self, state: _State):
+        return (state.i < self.n) & ~jnp.all(state.done_B)
+
+    def emit(self, state: _State, logits_BV) -> _State:
+        """Samples token i from logits_BV and records it."""
+        temperature, top_k, top_p, eos_id = self.knobs
+        step_key = jax.random.wrap_key_data(jnp.tile(self.keys_N2[state.i], 2),
+                                            impl="unsafe_rbg")
+        token_B = sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
+        token_B = jnp.where(state.done_B, PAD_ID, token_B)
+        done_B = state.done_B | (token_B == eos_id)
+        out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
+        state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
+        if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens
+            jax.lax.cond(state.i % STREAM_EVERY == 0, self.send, lambda s: None, state)
+        return state
+
+    def send(self, state: _State) -> None:
+        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`)."""
+        first = jnp.clip(state.i - STREAM_EVERY, 0, self.budget - STREAM_EVERY)
+        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
+        jax.debug.callback(_deliver, self.stream_id, first, state.i, chunk_BK, ordered=True)
+
+    def step(self, state: _State) -> _State:
+        """Writes the last token into the cache and samples the next one."""
+        logits_B1V, cache = self.forward(state.token_B[:, None], state.cache, state.index,
+                                         state.start_B)
+        history_BS = state.history_BS
+        if window_policy(self.config) == "reprefill":  # a ring ("roll") never re-reads tokens
+            history_BS = jax.lax.dynamic_update_slice(history_BS, state.token_B[:, None],
+                                                      (0, state.index))
+        state = state._replace(cache=cache, index=state.index + 1, history_BS=history_BS)
+        return self.emit(state, logits_B1V[:, 0])
+
+    def reprefill(self, state: _State) -> _State:
+        """The cache is full: the last W tokens (the unwritten one included) into slots
+        0 .. W-1, positions from 0, and the next token from the last one's logits."""
+        S = self.config.max_seq_len
+        W = keep_length(S)
+        shift = S - W + 1
+        tokens_BW = jnp.concatenate([state.history_BS[:, shift:], state.token_B[:, None]], 1)
+        start_B = _slide_start(state.start_B, shift)
+        logits_BWV, cache = self.forward(tokens_BW, state.cache, 0, start_B)
+        history_BS = jax.lax.dynamic_update_slice(state.history_BS, tokens_BW, (0, 0))
+        state = state._replace(cache=cache, index=jnp.int32(W), start_B=start_B,
+                               history_BS=history_BS)
+        return self.emit(state, logits_BWV[:, -1])
+
+    def fill(self, state: _State, P: int) -> _State:
+        """While the cache fills: one loop per cache length (16, 32, 64, ... slots), so a
+        step reads only the slots that can be filled by then. Each is compiled once."""
+        S = self.config.max_seq_len
+        for _, length in fill_segments(P, S):
+            state = state._replace(cache=kvcache.prefix(state.cache, length))
+            state = jax.lax.while_loop(
+                lambda s, length=length: self.running(s) & (s.index < length), self.step, state)
+        return state._replace(cache=kvcache.prefix(state.cache, S))
+
+    def slide(self, state: _State) -> _State:
+        """The cache is full (or generation is over): the window policy's loop."""
+        if window_policy(self.config) == "roll":
+            return jax.lax.while_loop(self.running, self.step, state)
+        S = self.config.max_seq_len
+
+        def cycle(state):
+            state = self.reprefill(state)
+            return jax.lax.while_loop(lambda s: self.running(s) & (s.index < S), self.step,
+                                      state)
+        return jax.lax.while_loop(self.running, cycle, state)
+
+
+def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
+                     n, stream_id, *, config: ModelConfig, budget: int, stream: bool = False):
+    """The compiled program: prefill, the fill loops, then the window policy's loop.
+    Returns (tokens_BN, cache) with N = budget; only the first n columns are sampled.
+
+    prompt_BP is left-padded; start_B[b] is the slot of row b's first real token. The cache
+    argument is donated and returned updated. With `stream`, every sampled token is handed
+    to the host as it is made (`_deliver`).
+    """
+    config = dataclasses.replace(config, scan_layers=False)
+    params = unstack_layers(params, config.n_layers)  # once, outside the loop
+    B, P = prompt_BP.shape
+    config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
+    # Key i = fold_in(key, i): the first k tokens do not depend on how many are asked for.
+    # Computed before the loops and used there as counter-based (`unsafe_rbg`) keys:
+    # XLA-CPU lowers threefry to a while loop, and a loop nested in the decode body made XLA
+    # copy every layer's cache on every step.
+    keys_N2 = jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(key, i))(
+        jnp.arange(budget)))
+    loop = _Loop(config, params, keys_N2, (temperature, top_k, top_p, eos_id), n,
+                 stream_id if stream else None, budget)
+
+    logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill
+    history_BS = jnp.zeros((B, config.max_seq_len), jnp.int32).at[:, :P].set(prompt_BP)
+    state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
+                   jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), jnp.int32(P),
+                   start_B, history_BS)
+    state = loop.fill(loop.emit(state, logits_BPV[:, -1]), P)
+    if P + budget > config.max_seq_len:
+        # Otherwise the cache never fills: the budget's steps write at most slots P ..
+        # P + budget - 2. Leaving the window policy's loop out of such a program halves the
+        # model copies XLA compiles (prefill and fill steps, no re-prefill and its loop).
+        state = loop.slide(state)
+    if stream:
+        loop.send(state)  # the last, partial chunk
+    return state.out_BN, state.cache
+
+
+_program = jax.jit(_generate_tokens, static_argnames=("config", "budget", "stream"),
+                   donate_argnames=("cache",))
+
+# Streaming: the compiled program calls `_deliver` with its stream id and the last
+# STREAM_EVERY tokens, every STREAM_EVERY tokens (a host call per token cost about as much
+# as the decode step itself on a busy CPU); `generate` registers the caller's function under
+# a fresh id for the length of one call. The id is a traced argument, so every streaming
+# call shares one compiled program.
+STREAM_EVERY = 16
+_SINKS: dict[int, object] = {}
+_SINK_IDS = itertools.count(1)
+
+
+def _deliver(stream_id, first, made, tokens_BK):
+    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet."""
+    sink = _SINKS.get(int(stream_id))
+    if sink is not None:
+        sink(int(first), int(made), np.asarray(tokens_BK))
+
+
+class _Stream:
+    """Turns chunks (which may overlap) into one on_tokens(i, tokens_B, done_B) call per step."""
+
+    def __init__(self, on_tokens, batch: int, eos_id: int):
+        self.on_tokens, self.eos_id = on_tokens, eos_id
+        self.next, self.done_B = 0, np.zeros(batch, bool)
+
+    def __call__(self, first, made, tokens_BK):
+        for i in range(max(first, self.next), made):
+            token_B = tokens_BK[:, i - first]
+            self.done_B = self.done_B | (token_B == self.eos_id)
+            self.on_tokens(i, token_B, self.done_B.copy())
+        self.next = max(self.next, made)
+
+
+def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
+                    *, config: ModelConfig, max_new_tokens: int):
+    """The compiled program for max_new_tokens tokens, on arrays: (tokens_BN, cache)."""
+    tokens_BN, cache = _program(params, cache, prompt_BP, start_B, key, temperature, top_k,
+                                top_p, eos_id, jnp.int32(max_new_tokens), jnp.int32(0),
+                                config=config, budget=token_budget(max_new_tokens))
+    if tokens_BN.shape[1] != max_new_tokens:  # a budget bucket above the request
+        tokens_BN = tokens_BN[:, :max_new_tokens]
+    return tokens_BN, cache
+
+
+@functools.lru_cache(maxsize=16)
+def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
+    """(generate, new_cache, param_shardings) compiled for `batch` rows on `mesh`.
+
+    generate takes the arguments of `_program` up to n (no stream id), except the key as raw
+    key data; all but params and cache are replicated. A batch the batch axes cannot split
+    evenly (one prompt on eight devices) is not split; the heads still are.
+    """
+    rules = sharding.decode_rules(rules, mesh, batch)
+    param_sh = sharding.param_shardings(config, mesh, rules)
+    cache_sh = sharding.cache_shardings(config, mesh, rules)
+    rep = sharding.replicated(mesh)
+
+    def program(params, cache, prompt_BP, start_B, key_data, temperature, top_k, top_p, eos_id,
+                n):
+        return _generate_tokens(params, cache, prompt_BP, start_B,
+                                jax.random.wrap_key_data(key_data), temperature, top_k, top_p,
+                                eos_id, n, jnp.int32(0), config=config, budget=budget)
+
+    generate_fn = jax.jit(sharding.constrained(program, mesh, rules),
+                          in_shardings=(param_sh, cache_sh) + (rep,) * 8,
+                          out_shardings=(rep, cache_sh), donate_argnums=1)
+    empty = functools.partial(kvcache.init_cache, batch, config.n_layers, config.kv_heads,
+                              config.max_seq_len, config.head_dim, jnp.dtype(config.dtype))
+    cache_fn = jax.jit(empty, out_shardings=cache_sh)
+    return generate_fn, cache_fn, param_sh
+
+
+@functools.partial(jax.jit, static_argnames=("config", "batch"))
+def new_cache(*, config: ModelConfig, batch: int):
+    return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
+                              config.head_dim, jnp.dtype(config.dtype))
+
+
+def left_pad(prompts, max_seq_len: int):
+    """(prompt_BP, start_B): the prompts' last max_seq_len tokens, left-padded to a bucket."""
+    prompts = [list(p)[-max_seq_len:] for p in prompts]
+    P = prompt_bucket(max(map(len, prompts)), max_seq_len)
+    prompt_BP = np.full((len(prompts), P), PAD_ID, np.int32)
+    start_B = np.array([P - len(p) for p in prompts], np.int32)
+    for row, prompt in enumerate(prompts):
+        prompt_BP[row, P - len(prompt):] = prompt
+    return prompt_BP, start_B
+
+
+def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
+             seed: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             eos_id: int = -1, mesh=None, rules=None, on_tokens=None) -> list[list[int]]:
+    """Continues each prompt (a list of token ids) by up to max_new_tokens tokens, any number
+    (past the context: the window policy, module doc). A prompt longer than the context
+    continues from its last max_seq_len tokens.
+
+    Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
+    `on_tokens(i, tokens_B, done_B)`, if given, is called on the host with every step's
+    tokens, in order, in chunks of STREAM_EVERY steps as they are sampled (numpy arrays;
+    done_B: the row has ended, this token is its end token or padding). With `mesh` and `rules` (sharding.py) it decodes on that mesh;
+    every process of a multi-host run must call it with the same prompts, and every one
+    gets the tokens. Raises GenerationError (PromptError for a prompt) for bad arguments.
+    """
+    check_args(config, prompts, max_new_tokens, temperature, top_k, top_p, eos_id)
+    prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
+    key, budget = jax.random.key(seed), token_budget(max_new_tokens)
+    knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
+             np.int32(max_new_tokens))
+    if mesh is not None:
+        if on_tokens is not None:
+            raise GenerationError("on_tokens (streaming) decodes on one device: drop mesh")
+        generate_fn, cache_fn, param_sh = sharded_program(config, budget, mesh, tuple(rules),
+                                                          len(prompts))
+        put = functools.partial(sharding.put_replicated, mesh=mesh)
+        key_data = jax.device_get(jax.random.key_data(key))
+        tokens_BN, _ = generate_fn(jax.device_put(params, param_sh), cache_fn(), put(prompt_BP),
+                                   put(start_B), put(key_data), *map(put, knobs))
+    else:
+        stream_id = next(_SINK_IDS) if on_tokens is not None else 0
+        if on_tokens is not None:
+            _SINKS[stream_id] = _Stream(on_tokens, len(prompts), eos_id)
+        try:
+            tokens_BN, _ = _program(params, new_cache(config=config, batch=len(prompts)),
+                                    prompt_BP, start_B, key, *knobs, np.int32(stream_id),
+                                    config=config, budget=budget, stream=on_tokens is not None)
+            tokens_BN = jax.block_until_ready(tokens_BN)
+        finally:
+            _SINKS.pop(stream_id, None)
+    out = []
+    for row in np.asarray(tokens_BN)[:, :max_new_tokens].tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out

@@ -1,0 +1,138 @@
+"""Export a trained run as a Hugging Face folder that `transformers` loads as it is.
+
+    python -m transformer export --workdir=runs/tiny --out=hf/tiny [--step=N]
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("hf/tiny")      # GPT2LMHeadModel or Llama
+    tokenizer = AutoTokenizer.from_pretrained("hf/tiny")
+
+Writes config.json, model.safetensors (float32, written from NumPy: torch is not needed),
+tokenizer.json and tokenizer_config.json. Which of our variants map onto which architecture,
+and why the others are refused, is in hf.py and docs/huggingface.md. Every check runs before
+the output folder is created: a refused export writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from absl import flags
+
+from transformer import cli
+from transformer.config import ModelConfig
+from transformer.hf import mapping as hf
+from transformer.hf import weights as hf_weights
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
+_OUT = flags.DEFINE_string("out", None, "The folder to write (must not exist or be empty).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
+
+
+def tokenizer_json(tokenizer) -> str:
+    """The tokenizer as a `tokenizers` JSON that encodes and decodes exactly as ours does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if tokenizer.kind == "bpe":
+        return tokenizer.to_json()["tokenizer"]
+    if tokenizer.kind == "byte":
+        # Byte-level BPE without merges: each byte becomes the token whose id is its value.
+        alphabet = _byte_alphabet()
+        tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok.to_str()
+    # char: one token per character, id = its index; unknown characters are refused by both.
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tokenizer.chars)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok.to_str()
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-in for each byte (the ByteLevel pre-tokenizer's mapping)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def check_out(out) -> Path:
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise hf.HFError(f"--out={out}: exists and is not an empty folder; choose a new one")
+    return out
+
+
+def write_folder(model_config: ModelConfig, params, tokenizer, out) -> Path:
+    """Writes the Hugging Face folder for (model_config, params, tokenizer) to `out`.
+    Everything is computed first; the folder is created only when nothing can be refused."""
+    from safetensors.numpy import save_file
+
+    from transformer.model.gpt import unstack_layers
+    out = check_out(out)
+    config_json = hf.hf_config(model_config)  # refuses an unsupported variant
+    tensors = hf_weights.to_hf(model_config, unstack_layers(params, model_config.n_layers))
+    tok_json = tokenizer_json(tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    (out / "tokenizer.json").write_text(tok_json)
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
+         model_config.max_seq_len, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
+    return out
+
+
+def export(workdir, out, step=None) -> Path:
+    """Exports checkpoint `step` (default: the latest good one) of the run in `workdir`."""
+    import jax
+
+    from transformer import config as config_lib
+    from transformer.data import tokenizers
+    from transformer.model.gpt import init_params
+    from transformer.train import checkpoint
+
+    check_out(out)
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    if step is not None and step not in ckpts.all_steps():
+        have = ", ".join(map(str, ckpts.all_steps())) or "none"
+        raise checkpoint.CheckpointError(f"--step={step}: no such checkpoint in {workdir} "
+                                         f"(steps saved: {have})")
+    meta = ckpts.read_meta(step)
+    # Refused here, before any restore: an error raised while restoring reads as "damaged".
+    hf.family(ModelConfig.from_config(config_lib.from_dict(meta["config"])))
+
+    def abstract(meta):
+        mc = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shapes = jax.eval_shape(lambda: init_params(mc, jax.random.key(0)))
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            shapes), None
+
+    found = ckpts.restore_good(abstract, step=step)
+    ckpts.close()
+    model_config = ModelConfig.from_config(config_lib.from_dict(found.meta["config"]))
+    tokenizer = tokenizers.from_json(found.meta["tokenizer"])
+    return write_folder(model_config, jax.device_get(found.params), tokenizer, out)
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    if not _WORKDIR.value or not _OUT.value:
+        cli.fail("--workdir and --out are required: python -m transformer export "
+                 "--workdir=runs/x --out=hf/x")
+    out = export(_WORKDIR.value, _OUT.value, _STEP.value)
+    print(f"wrote {out}: config.json, model.safetensors, tokenizer.json "
+          f"(load with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+
+
+if __name__ == "__main__":
+    cli.run(main)

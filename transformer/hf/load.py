@@ -1,0 +1,153 @@
+"""Start from weights a user has on disk in Hugging Face format (nothing is downloaded).
+
+    python train.py --config=configs/gpt2_small.py --config.model.vocab_size=50257 \
+        --config.train.init_from=path/to/gpt2      # fine-tune: a folder or a .safetensors file
+    python sample.py --hf=path/to/gpt2 --prompt="Hello" --temperature=0
+
+A folder holds config.json and model.safetensors (PyTorch .bin files are not read: convert
+them with `transformers`' save_pretrained(safe_serialization=True)). GPT-2 folders are the
+aim; Llama folders this project exported (or bias-free Llamas with matching settings) load too.
+
+Tokenizer: a folder with tokenizer.json brings its own (GPT-2's BPE for a real GPT-2), which
+then tokenizes the training corpus of an `init_from` run and the prompts of `sample.py --hf`;
+without one, text is fed as UTF-8 byte ids (ids 0..255), which needs vocab_size >= 256.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from transformer import config as config_lib
+from transformer.config import ModelConfig
+from transformer.data import tokenizers
+from transformer.hf import mapping as hf
+from transformer.hf import weights as hf_weights
+
+
+def _files(path, where: str) -> tuple[Path, Path | None]:
+    """(the .safetensors file, config.json or None) of a folder or a file."""
+    path = Path(path).expanduser()
+    if path.is_file() and path.suffix == ".safetensors":
+        config = path.parent / "config.json"
+        return path, config if config.is_file() else None
+    if path.is_dir():
+        weights = path / "model.safetensors"
+        if not weights.is_file():
+            other = "; pytorch_model.bin is not read, save it as safetensors" if (
+                path / "pytorch_model.bin").exists() else ""
+            raise hf.HFError(f"{where}: {path} has no model.safetensors{other}")
+        config = path / "config.json"
+        return weights, config if config.is_file() else None
+    raise hf.HFError(f"{where}: no such folder or .safetensors file")
+
+
+def read_tensors(path, where: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    weights, _ = _files(path, where)
+    try:
+        return load_file(str(weights))
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types
+        raise hf.HFError(f"{where}: {weights} could not be read: {e}") from None
+
+
+def read_config(path, where: str) -> dict:
+    _, config = _files(path, where)
+    if config is None:
+        raise hf.HFError(f"{where}: no config.json next to the weights; it says the model shape")
+    return json.loads(config.read_text())
+
+
+def tokenizer(path):
+    """The folder's tokenizer.json as our BPE tokenizer kind, or None when it has none."""
+    path = Path(path).expanduser()
+    folder = path if path.is_dir() else path.parent
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+    return tokenizers.BPETokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
+
+
+def load_pretrained(path, matmul: str = "plain"):
+    """(model_config, params, tokenizer) for a Hugging Face folder: what `sample.py --hf` runs.
+    params are NumPy arrays in the unrolled layout; without tokenizer.json, byte ids."""
+    where = f"--hf={path}"
+    cfg = read_config(path, where)
+    model_config = hf.model_config_from_hf(cfg, where)
+    model_config = ModelConfig(**{**model_config.__dict__, "matmul": matmul})
+    params = hf_weights.from_hf(model_config, read_tensors(path, where), where)
+    tok = tokenizer(path)
+    if tok is None:
+        if model_config.vocab_size < 256:
+            raise hf.HFError(f"{where}: no tokenizer.json and vocab_size={model_config.vocab_size}"
+                             " < 256: byte ids would not fit; add the model's tokenizer.json")
+        tok = tokenizers.ByteTokenizer()
+    return model_config, params, tok
+
+
+def init_params(config):
+    """Host (NumPy) parameters for `config` from `train.init_from`, in the layout training
+    uses (stacked when model.scan_layers); every tensor's shape checked against the config."""
+    from transformer.model.gpt import stack_layers
+
+    path = config.train.init_from
+    where = f"train.init_from={path}"
+    model_config = ModelConfig.from_config(config)
+    hf.family(model_config, "cannot load Hugging Face weights into it")
+    params = hf_weights.from_hf(model_config, read_tensors(path, where), where)
+    dtype = np.dtype(model_config.param_dtype) if model_config.param_dtype == "float32" else None
+    if dtype is None:  # bfloat16 params: cast through jax's dtype
+        import jax.numpy as jnp
+        params = _map(lambda x: np.asarray(x).astype(jnp.bfloat16), params)
+    if model_config.scan_layers:
+        params = _map(np.asarray, stack_layers(params, model_config.n_layers))
+    return params
+
+
+def _map(fn, tree):
+    return {k: _map(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
+
+
+def prepare(config):
+    """Before a fresh run writes anything: checks the `train.init_from` weights against the
+    config (every tensor's shape) and returns (config, tokenizer): the config with
+    model.vocab_size=0 replaced by the checkpoint's vocabulary (a new config; the argument is
+    left as it is), and the tokenizer the run uses: the folder's own, if it has one, so that a
+    fine-tuned GPT-2 keeps GPT-2's vocabulary; None (no init_from, no tokenizer.json):
+    data.tokenizer.
+
+    The weights are read here only to be checked (fresh_state reads them again): a refused
+    run then leaves no workdir behind."""
+    path = config.train.init_from
+    if not path:
+        return config, None
+    if config.model.vocab_size == 0:
+        where = f"train.init_from={path}"
+        tensors = read_tensors(path, where)
+        name = next((n for n in ("transformer.wte.weight", "wte.weight",
+                                 "model.embed_tokens.weight") if n in tensors), None)
+        if name is None:
+            raise hf.HFError(f"{where}: no embedding tensor (wte.weight or "
+                             "model.embed_tokens.weight) to take model.vocab_size from")
+        config = config_lib.replace(config, **{"model.vocab_size": int(tensors[name].shape[0])})
+    init_params(config)
+    return config, tokenizer(path)
+
+
+def fresh_state(trainer, seed: int):
+    """The state a new run starts from: random (Trainer.init) or, with `train.init_from`, the
+    imported weights placed with the same shardings and a fresh optimizer state for them."""
+    import jax
+    import jax.numpy as jnp
+
+    if not trainer.config.train.init_from:
+        return trainer.init(seed)
+    shardings = trainer.state_sharding
+    params = jax.device_put(init_params(trainer.config), shardings.params)
+    opt_state = jax.jit(trainer.optimizer.init, out_shardings=shardings.opt_state)(params)
+    step = jax.device_put(jnp.int32(0), shardings.step)
+    from transformer.train.trainer import TrainState
+    return TrainState(step, params, opt_state)

@@ -1,0 +1,304 @@
+"""A GPT-style decoder, top to bottom in the order of the forward pass.
+
+    x      = E[tokens] + P[positions]                  token embedding plus learned position
+    for each of the N blocks (pre-norm):
+      x    = x + W_O · Attention(LN(x) W_Q, LN(x) W_K, LN(x) W_V)   causal multi-head attention
+      x    = x + W_2 · GELU(LN(x) W_1)                 the MLP: expand, non-linearity, project back
+    logits = LN(x) E^T                                 output head tied to the embedding
+
+That is the default (GPT-2's design). The parts can be swapped by config (docs/inside.md):
+    model.position=rope          no P; Q and K are rotated by their positions (rope.py)
+    model.norm=rmsnorm           RMSNorm(x) = x / rms(x) · g instead of LayerNorm
+    model.norm_placement=post    x = LN(x + Attention(x)); x = LN(x + MLP(x)); no final LN
+    model.mlp=relu|swiglu        W_2 · ReLU(x W_1)  or  W_2 · (SiLU(x W_gate) ⊙ x W_1)
+    model.n_kv_heads=G           G key/value heads shared by groups of query heads
+    model.sliding_window=w       each position attends to the last w positions only
+    model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums (XLA's)
+    model.attention_kernel=cudnn the same with cuDNN flash attention (NVIDIA GPU, bfloat16)
+How the matmuls are computed (flax's layers and autodiff, or hand-written backward passes for
+CPU) is not this file's business: it asks `kernels.for_model(config)` for its dense layers
+and attention.
+
+Shapes: B batch, T positions, D d_model, H heads, G key/value heads, K head dim (D = H·K),
+F MLP width, V vocabulary, S cache slots, L layers. Parameters carry logical axis names
+(`embed`, `heads`, `mlp`, `vocab`, ...) that `sharding.py` maps onto a device mesh.
+
+The same module runs training (tokens → logits) and cached generation (tokens + KV cache →
+logits + updated cache); the cached path always runs the blocks unrolled so that each layer
+has its own cache arrays (see `unstack_layers`). Attention weights, queries, keys and values
+are sown into the `intermediates` collection (`apply(..., mutable=["intermediates"])`), which
+is how visualize.py and explain.py look inside; every attention path sows its weights except
+the `jax` kernel, which never forms them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.config import ModelConfig
+from transformer.model import attention, kernels, kvcache, rope
+
+# GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
+INIT_STD = 0.02
+
+
+class _AxisNames(nn.LogicallyPartitioned):
+    """Logical axis names as metadata only: unboxing adds no sharding constraint.
+
+    Flax's default constrains a parameter whenever it is unboxed, and DenseGeneral unboxes
+    its flat [D, H*K] kernel before reshaping it to [D, H, K]: under a mesh the 3-name
+    constraint then refuses the 2-D array. Jitted programs place the parameters through
+    their in/out shardings (sharding.py) anyway.
+    """
+
+    def unbox(self, apply_constraint=True):
+        return super().unbox(apply_constraint=False)
+
+
+def _logical(init, names):
+    def boxed(*args, **kwargs):
+        return _AxisNames(init(*args, **kwargs), names)
+    return boxed
+
+
+def _norm(config: ModelConfig, name: str) -> nn.Module:
+    """LayerNorm: (x - mean) / std · g + b.  RMSNorm: x / sqrt(mean(x²)) · g (no centring,
+    no bias: cheaper, and works as well in practice)."""
+    scale_init = _logical(nn.initializers.ones, ("embed",))
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(epsilon=1e-5, name=name, scale_init=scale_init)
+    return nn.LayerNorm(epsilon=1e-5, name=name, scale_init=scale_init,
+                        bias_init=_logical(nn.initializers.zeros, ("embed",)))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention: project to Q, K, V, attend per head, concatenate, project with W_O."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
+        c = self.config
+        H, G, K = c.n_heads, c.kv_heads, c.head_dim
+        ops = kernels.for_model(c)  # how the matmuls are computed: the seam decides
+        init = nn.initializers.normal(INIT_STD)
+        out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
+
+        def project(name, heads, axis):
+            return ops.dense((heads, K), name=name,
+                         kernel_init=_logical(init, ("embed", axis, "head_dim")),
+                         bias_init=_logical(nn.initializers.zeros, (axis, "head_dim")))
+
+        # Each position asks (Q), advertises (K) and offers (V); Q has H heads, K and V have G.
+        kv_axis = "heads" if G == H else "kv_heads"
+        q_BHTK = project("query", H, "heads")(x_BTD).transpose(0, 2, 1, 3)
+        k_BGTK = project("key", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        v_BGTK = project("value", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        if c.position == "rope":  # rotate by absolute position: scores see only p - s
+            q_BHTK = rope.apply(q_BHTK, positions_BT)
+            k_BGTK = rope.apply(k_BGTK, positions_BT)
+        for name, value in (("queries", q_BHTK), ("keys", k_BGTK), ("values", v_BGTK)):
+            self.sow("intermediates", name, value)
+
+        if cache is not None:  # generation: keys and values of earlier tokens come from the cache
+            cache = kvcache.write(cache, k_BGTK, v_BGTK, index)
+            k_BGSK, v_BGSK = kvcache.read(cache, x_BTD.shape[0])
+            out_BHTK, weights_BHTS = ops.cached_attention(q_BHTK, k_BGSK, v_BGSK, mask)
+        else:  # training and scoring: the causal triangle only
+            out_BHTK, weights_BHTS = ops.self_attention(q_BHTK, k_BGTK, v_BGTK, mask)
+        if weights_BHTS is not None:  # None: the `jax` kernel never forms them
+            self.sow("intermediates", "attention_weights", weights_BHTS)
+
+        # Concatenating the heads and applying W_O is one contraction over (H, K).
+        y_BTD = ops.dense(c.d_model, axis=(-2, -1), name="out",
+                      kernel_init=_logical(out_init, ("heads", "head_dim", "embed")),
+                      bias_init=_logical(nn.initializers.zeros, ("embed",)))(
+                          out_BHTK.transpose(0, 2, 1, 3))
+        return y_BTD, cache
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: D → F, non-linearity, F → D.
+
+    relu / gelu: W_2 · act(x W_1).  swiglu (Shazeer 2020): W_2 · (SiLU(x W_gate) ⊙ x W_1), with
+    F = `ModelConfig.mlp_hidden` = 2/3 · d_ff (rounded to a multiple of 8) so that its three
+    matrices hold about as many parameters as the other MLPs' two.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        c = self.config
+        F = c.mlp_hidden
+        ops = kernels.for_model(c)
+        dense = functools.partial(ops.dense, F,
+                                  kernel_init=_logical(nn.initializers.normal(INIT_STD),
+                                                       ("embed", "mlp")),
+                                  bias_init=_logical(nn.initializers.zeros, ("mlp",)))
+        h_BTF = dense(name="expand")(x_BTD)
+        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp"))
+        if c.mlp == "swiglu":
+            h_BTF = jax.nn.silu(dense(name="gate")(x_BTD)) * h_BTF
+        elif c.mlp == "relu":
+            h_BTF = jax.nn.relu(h_BTF)
+        else:
+            h_BTF = jax.nn.gelu(h_BTF, approximate=True)
+        out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
+        return ops.dense(
+            c.d_model, name="project", kernel_init=_logical(out_init, ("mlp", "embed")),
+            bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
+
+
+class Block(nn.Module):
+    """One transformer block. Pre-norm: x + Attn(N(x)), then x + MLP(N(x)).
+    Post-norm (the original): N(x + Attn(x)), then N(x + MLP(x))."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
+        c = self.config
+        attn, mlp = CausalSelfAttention(c, name="attn"), MLP(c, name="mlp")
+        norm_attn, norm_mlp = _norm(c, "ln_attn"), _norm(c, "ln_mlp")
+        if c.norm_placement == "pre":
+            h_BTD, cache = attn(norm_attn(x_BTD), mask, positions_BT, cache, index)
+            x_BTD = x_BTD + h_BTD
+            x_BTD = x_BTD + mlp(norm_mlp(x_BTD))
+        else:
+            h_BTD, cache = attn(x_BTD, mask, positions_BT, cache, index)
+            x_BTD = norm_attn(x_BTD + h_BTD)
+            x_BTD = norm_mlp(x_BTD + mlp(x_BTD))
+        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
+        return x_BTD, cache
+
+
+_REMAT_POLICY = {
+    "block": None,  # save nothing inside a block: recompute it all in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class GPT(nn.Module):
+    """tokens → logits, or (tokens, cache) → (logits, cache) when decoding."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens_BT, positions_BT=None, cache=None, index=None, start_B=None):
+        """Full forward pass, or a cached one.
+
+        tokens_BT: int token ids. positions_BT: absolute positions (default 0..T-1).
+        Cached decoding also passes `cache` (from `kvcache.init_cache`), `index` (tokens_BT[:, 0]
+        is the text's token `index`, counted in slots; it goes to slot index mod max_seq_len)
+        and `start_B` (the first real token of each left-padded row), and gets back
+        (logits_BTV, new_cache). T > 1 new tokens must not cross the cache's end. Logits are
+        float32.
+        """
+        c = self.config
+        B, T = tokens_BT.shape
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
+
+        embed = nn.Embed(c.vocab_size, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype,
+                         name="embed",
+                         embedding_init=_logical(nn.initializers.normal(INIT_STD),
+                                                 ("vocab", "embed")))
+        x_BTD = embed(tokens_BT)
+        if c.position == "learned":  # with rope, positions enter inside attention instead
+            pos_embed = self.param("pos_embed", _logical(nn.initializers.normal(INIT_STD / 2),
+                                                         ("length", "embed")),
+                                   (c.max_seq_len, c.d_model), c.param_dtype)
+            x_BTD = x_BTD + jnp.take(pos_embed, positions_BT, axis=0).astype(c.dtype)
+        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
+
+        if cache is None:
+            mask = attention.causal_mask(T, c.sliding_window)
+            x_BTD = self._blocks(x_BTD, mask, positions_BT)
+            new_cache = None
+        else:
+            S = cache[0]["k"].shape[1]  # the slots held: max_seq_len, or the first S of them
+            mask = attention.cache_mask(start_B, index, T, S, c.sliding_window, c.max_seq_len)
+            slot = index % c.max_seq_len  # a ring once generation outgrows the context
+            new_cache = []
+            for i, layer_cache in enumerate(cache):
+                x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, positions_BT,
+                                                                 layer_cache, slot)
+                new_cache.append(layer_cache)
+
+        # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.
+        h_BTD = _norm(c, "ln_final")(x_BTD) if c.norm_placement == "pre" else x_BTD
+        if c.tie_embeddings:
+            logits_BTV = embed.attend(h_BTD)
+        else:
+            logits_BTV = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
+                                  param_dtype=c.param_dtype, name="head",
+                                  kernel_init=_logical(nn.initializers.normal(INIT_STD),
+                                                       ("embed", "vocab")))(h_BTD)
+        logits_BTV = logits_BTV.astype(jnp.float32)
+        return logits_BTV if cache is None else (logits_BTV, new_cache)
+
+    def _blocks(self, x_BTD, mask, positions_BT):
+        c = self.config
+        block = Block
+        if c.remat != "none":
+            block = nn.remat(Block, policy=_REMAT_POLICY[c.remat], prevent_cse=not c.scan_layers)
+        if c.scan_layers:
+            # One block body, its parameters stacked along a leading `layers` axis.
+            stack = nn.scan(block, length=c.n_layers,
+                            variable_axes={"params": 0, "intermediates": 0},
+                            split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            x_BTD, _ = stack(c, name="blocks")(x_BTD, mask, positions_BT)
+            return x_BTD
+        for i in range(c.n_layers):
+            x_BTD, _ = block(c, name=f"block_{i}")(x_BTD, mask, positions_BT)
+        return x_BTD
+
+
+def init_params(config: ModelConfig, key: jax.Array):
+    """Parameters for `config`, a pure function of the key (logical-axis boxes removed)."""
+    tokens = jnp.zeros((1, min(8, config.max_seq_len)), jnp.int32)
+    return nn.unbox(GPT(config).init(key, tokens)["params"])
+
+
+@functools.lru_cache(maxsize=32)
+def logical_axes(config: ModelConfig):
+    """The logical axis names of every parameter, without allocating any of them. Cached per
+    config (tracing the model's init costs ~0.3 s, and a run asks for its training state, its
+    sampler and its checkpoint restore); callers must not mutate the tree."""
+    tokens = jnp.zeros((1, min(8, config.max_seq_len)), jnp.int32)
+    boxed = jax.eval_shape(GPT(config).init, jax.random.key(0), tokens)["params"]
+    return nn.get_partition_spec(boxed)
+
+
+def unstack_layers(params, n_layers: int):
+    """Scanned params ({'blocks': leaves with a leading L axis}) → {'block_0': ..., ...}.
+
+    Decoding always runs unrolled with one cache per layer; unstacking once, outside the
+    decode loop, keeps each step from slicing (and copying) the stacked weights.
+    """
+    if "blocks" not in params:
+        return params
+    out = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(n_layers):
+        out[f"block_{i}"] = jax.tree.map(lambda x, i=i: x[i], params["blocks"])
+    return out
+
+
+def stack_layers(params, n_layers: int):
+    """The inverse of `unstack_layers`: unrolled params → the layout `scan_layers=True` uses."""
+    if "blocks" in params:
+        return params
+    out = {k: v for k, v in params.items() if not k.startswith("block_")}
+    layers = [params[f"block_{i}"] for i in range(n_layers)]
+    out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    return out
+
+
+def count_params(params) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))

@@ -1,0 +1,139 @@
+"""The kernel seam: which dense layers and attention the model runs, chosen once per config.
+
+    ops = kernels.for_model(config)
+    y_BTF = ops.dense(F, name="expand", kernel_init=..., bias_init=...)(x_BTD)
+    out_BHTK, weights_BHTT = ops.self_attention(q_BHTK, k_BGTK, v_BGTK, mask_11TT)
+    out_BHTK, weights_BHTS = ops.cached_attention(q_BHTK, k_BGSK, v_BGSK, mask_B1TS)
+    config, params = kernels.decode_setup(config, params, batch)   # before a decode loop
+
+`model.matmul` picks how the matmuls are computed (the parameters are the same in every mode,
+so a checkpoint trained in one mode loads in another):
+    plain      flax's nn.Dense / nn.DenseGeneral and autodiff (the fast path on GPU/TPU)
+    fast_f32   hand-written backward passes for XLA-CPU (dense.py, attention_vjp.py),
+               float32: the same numbers as `plain` up to summation order
+    fast_bf16  the same with bfloat16 matmul inputs and float32 accumulation (mixed
+               precision): parameters, activations between layers, softmax and loss stay
+               float32
+`model.attention_kernel` picks the attention: `einsum` (attention.py's arithmetic, which
+returns the weights), `jax` (`jax.nn.dot_product_attention`, XLA's version) or `cudnn` (the
+same asking for cuDNN flash attention for training and scoring; decoding, one query against a
+partly filled cache, stays with XLA's). Neither forms the weights: they are None, and a model
+that uses them has no attention maps to look at.
+
+This is the only module that reads those two fields: model.py and decode.py ask it for their
+layers and never branch on how the matmuls are computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.config import fields
+from transformer.model import attention
+from transformer.model.kernels import attention_vjp, dense
+
+MODES = fields.MATMUL_MODES  # declared with model.matmul
+_COMPUTE_DTYPE = {"fast_f32": "float32", "fast_bf16": "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """What the model computes with. Attention functions take (q_BHTK, k_BGSK, v_BGSK,
+    mask_BHTS) and return (out_BHTK, weights_BHTS or None)."""
+
+    dense: Callable[..., nn.Module]  # (features, axis=-1, name=, kernel_init=, bias_init=)
+    self_attention: Callable  # training and scoring: queries and keys at the same positions
+    cached_attention: Callable  # decoding: queries over the KV cache's slots
+
+
+def for_model(config) -> Kernels:
+    """The dense layer and attention for a ModelConfig."""
+    return Kernels(_dense(config), *_attention(config))
+
+
+def _dense(config) -> Callable[..., nn.Module]:
+    if config.matmul == "plain":
+        return functools.partial(_flax_dense, dtype=config.dtype, param_dtype=config.param_dtype)
+    return functools.partial(dense.DenseGeneral, compute_dtype=_COMPUTE_DTYPE[config.matmul],
+                             dtype=config.dtype, param_dtype=config.param_dtype)
+
+
+def _flax_dense(features, axis=-1, **kwargs) -> nn.Module:
+    """nn.Dense for one input and one output axis, nn.DenseGeneral for more."""
+    if isinstance(features, int) and axis == -1:
+        return nn.Dense(features, **kwargs)
+    return nn.DenseGeneral(features, axis=axis, **kwargs)
+
+
+def _attention(config) -> tuple[Callable, Callable]:
+    """(self_attention, cached_attention)."""
+    if config.attention_kernel in ("jax", "cudnn"):
+        def jax_kernel(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
+            return attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS,
+                                           implementation), None
+        fused = "cudnn" if config.attention_kernel == "cudnn" else None
+        return functools.partial(jax_kernel, implementation=fused), jax_kernel
+    if config.matmul == "plain":
+        return attention.causal_attention, attention.dot_product_attention
+    # Decoding reads the cache with the forward pass only: no backward pass to replace.
+    attend = functools.partial(attention_vjp.dot_product_attention,
+                               compute_dtype=_COMPUTE_DTYPE[config.matmul])
+    return functools.partial(attention.causal_attention, attend=attend), (
+        attention.dot_product_attention)
+
+
+def forming_weights(config):
+    """`config`, or the same model with an attention kernel that forms the weights (and so
+    sows them): `jax` never does, `einsum` computes the same attention and does."""
+    if config.attention_kernel in ("jax", "cudnn"):
+        return dataclasses.replace(config, attention_kernel="einsum")
+    return config
+
+
+def compute_dtype(config) -> str:
+    """The dtype the model's matmuls take their inputs in ("float32" or "bfloat16"): which
+    matmul peak MFU divides by, and which rounding a reproduction of the arithmetic needs."""
+    if config.matmul == "fast_bf16" or config.dtype == "bfloat16":
+        return "bfloat16"
+    return "float32"
+
+
+def train_settings(precision: str, platform: str) -> dict:
+    """The model fields that train in `precision` ("float32", or "bfloat16": bfloat16 matmul
+    inputs with float32 accumulation) the fastest known way on `platform` ("cpu", "gpu", ...):
+    the hand-written backward passes on CPU, XLA's own kernels and autodiff elsewhere (with
+    bfloat16 activations for mixed precision)."""
+    if platform == "cpu":
+        return {"matmul": "fast_bf16" if precision == "bfloat16" else "fast_f32"}
+    if precision == "bfloat16":
+        return {"matmul": "plain", "dtype": "bfloat16"}
+    return {"matmul": "plain"}
+
+
+def decode_setup(config, params, batch: int):
+    """(config, params) for a decode loop over `batch` rows.
+
+    In `fast_bf16` mode the dense kernels are cast to bfloat16 once, before the token loop
+    (each step would otherwise read the float32 weights and write bf16 copies). A single row
+    keeps float32 weights (`fast_f32`): decoding one row is bound by reading the weights, and
+    XLA-CPU's float32 matrix-vector product beat its bfloat16 one, so one row decodes faster
+    and more precisely.
+    """
+    if config.matmul != "fast_bf16":
+        return config, params
+    if batch == 1:
+        return dataclasses.replace(config, matmul="fast_f32"), params
+    return config, jax.tree_util.tree_map_with_path(
+        lambda path, x: x.astype(jnp.bfloat16) if getattr(path[-1], "key", None) == "kernel"
+        else x, params)
+
+
+def decode_matmul(config, batch: int) -> str:
+    """The matmul mode a decode loop over `batch` rows runs in (after `decode_setup`)."""
+    return decode_setup(config, {}, batch)[0].matmul

@@ -1,0 +1,8 @@
+"""The parallel room: where arrays live and what processes agree on.
+
+    sharding.py    the device mesh, logical-axis rules, shardings of state, batch and cache
+    processes.py   what several processes must agree on (a value from process 0, barriers)
+
+May import: config/, model/ (for its logical axis names). Never: data/, train/, generate/,
+hf/, scaling/, tools/.
+"""

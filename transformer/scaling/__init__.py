@@ -1,0 +1,10 @@
+"""The scaling room: sweeps over sizes and budgets, and what their results say.
+
+    sweep.py       ladders and grids of runs: one member per size × budget, trained by train/
+    fit.py         scaling-law fits (power laws, L(N, D)) with bootstrap intervals
+    chinchilla.py  Chinchilla's approaches 2 and 3; predict, holdout
+    isoflop.py     the IsoFLOP report of a sweep
+    plot.py        loss curves, scaling and IsoFLOP plots (`python -m transformer plot`)
+
+May import: config/, model/, data/, train/, parallel/. Never: tools/ or the command lines.
+"""

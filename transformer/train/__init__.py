@@ -1,0 +1,17 @@
+"""The train room: a run from start to end.
+
+    run.py         train(config, workdir): resolve the config → data → state → loop
+    start.py       where a run starts: fresh, imported (train.init_from) or restored
+    trainer.py     the compiled step and evaluation of one run on one mesh
+    step.py        the train step over explicit state (loss, gradient accumulation)
+    optimizer.py   AdamW, decay by parameter role, learning-rate schedules
+    loop.py        steps, evaluations, saves, an agreed stop
+    checkpoint.py  what a checkpoint holds; save, find the newest good one, restore anywhere
+    workdir.py     one run per workdir (a lock)
+    signals.py     a graceful stop on SIGINT/SIGTERM
+    faults.py      the non-finite guard and the hooks tests use to provoke faults
+    metrics.py     progress bar, metrics.jsonl, throughput, MFU
+
+May import: config/, model/, data/, parallel/, hf/ (weights to start from), generate/.
+Never: scaling/, tools/ or the command lines.
+"""

@@ -1,0 +1,129 @@
+"""The training loop: steps, metrics read one step late, evaluation, checkpoints, and a stop
+that every process agrees on.
+
+    loop = Loop(trainer, source, ckpts, metrics_log, meta, guard, hooks, bar)
+    state = loop.run(state, start, end)     # raises signals.Stopped after a save on a signal
+
+The host never waits for the step it just queued: a logging step's metrics are read after
+the next step is queued (or when the loop syncs anyway, to evaluate or save), and the
+non-finite check (faults.NonFiniteGuard) looks one step back too.
+
+A SIGINT/SIGTERM only sets a flag (signals.py). On several processes a signal may reach one
+process, or reach them at different steps; the loop must not save on one process while
+another queues the next step (each would wait for the other forever). So the flag goes
+through processes.StopVote every step, and every process stops at the step the vote names,
+saves that step together and raises the same `Stopped`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from transformer.model import flops
+from transformer.parallel import processes
+from transformer.train import metrics as metrics_lib
+from transformer.train import signals
+from transformer.train.faults import NonFiniteGuard, TestHooks
+from transformer.train.metrics import MetricsLog, Progress, Throughput
+from transformer.train.trainer import Trainer, bits_per_byte, compute_precision, evaluate
+
+
+class Reporter:
+    """Writes the train metrics of logging steps, read late: `hold` keeps the step's device
+    values, `flush` reads and writes them (the only host sync of a logging interval)."""
+
+    def __init__(self, trainer: Trainer, metrics_log: MetricsLog, bar: Progress,
+                 guard: NonFiniteGuard):
+        config = trainer.config
+        self.log, self.bar, self.guard = metrics_log, bar, guard
+        self.tokens_per_step = config.train.batch_size * config.model.max_seq_len
+        self.flops_per_token = flops.train_flops_per_token(trainer.model_config)
+        self.peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
+        self.meter, self.tokens_since, self.pending = Throughput(), 0, None
+
+    def stepped(self) -> None:
+        self.tokens_since += self.tokens_per_step
+
+    def hold(self, done: int, metrics) -> None:
+        self.pending = (done, metrics)
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        done, metrics = self.pending
+        self.pending = None
+        metrics = jax.device_get(metrics)
+        tokens_per_s = self.meter.tick(self.tokens_since)
+        self.tokens_since = 0
+        loss = float(metrics["train_loss"])
+        mfu = metrics_lib.mfu(tokens_per_s, self.flops_per_token, self.peak, jax.device_count())
+        self.log.write(step=done, tokens=done * self.tokens_per_step, train_loss=loss,
+                       grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
+                       skipped_steps=self.guard.skipped)
+        self.bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
+
+
+@dataclasses.dataclass
+class Loop:
+    trainer: Trainer
+    source: Any                      # data.load's batches
+    ckpts: Any                       # checkpoint.Checkpoints, open for writing
+    metrics_log: MetricsLog
+    meta: dict                       # saved with every checkpoint (config, tokenizer)
+    guard: NonFiniteGuard
+    hooks: TestHooks
+    bar: Progress
+    tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
+
+    def run(self, state, start: int, end: int):
+        """Steps start+1 .. end; returns the state after step `end`."""
+        t = self.trainer.config.train
+        reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard)
+        vote = processes.StopVote()
+        with signals.GracefulStop() as stop:
+            for step in range(start, end):
+                done = step + 1
+                batch = self.hooks.poison(self.trainer.batch(self.source, t.seed, "train", step),
+                                          done)
+                state, metrics = self.trainer.step_fn(state, batch)
+                reporter.flush()  # the previous logging step's: this step is queued already
+                self.guard.push(done, metrics["nonfinite"])
+                self.hooks.after_step()
+                reporter.stepped()
+                if done % t.log_every == 0 or done == t.steps:
+                    reporter.hold(done, metrics)
+                self.bar.update(1)
+                signum = vote.update(stop.requested or 0)  # the same at this step everywhere
+                self._after_step(state, done, end, signum, reporter)
+            self.guard.flush()
+            signum = vote.final(stop.requested or 0)
+        if signum:  # a signal came during the last step, which was saved
+            raise signals.Stopped(signum, end)
+        return state
+
+    def _after_step(self, state, done: int, end: int, signum: int, reporter) -> None:
+        """What follows step `done`: late metrics, evaluation, a save, or the agreed stop."""
+        t = self.trainer.config.train
+        evaluating = done % t.eval_every == 0 or done == t.steps
+        saving = done % t.ckpt_every == 0 or done == end or signum
+        if evaluating or saving:
+            reporter.flush()  # about to sync anyway
+        if evaluating:
+            with reporter.meter.paused():  # evaluation time is not training throughput
+                val_loss = evaluate(self.trainer, state.params, self.source, t.seed)
+            val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
+            self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
+                                   val_loss=val_loss, val_bpb=val_bpb)
+            self.bar.write(f"step {done}: val_loss {val_loss:.4f}, val_bpb {val_bpb:.4f}")
+        if saving:
+            self.guard.flush()  # never save a state that followed an unchecked step
+            with reporter.meter.paused():
+                self.ckpts.save(done, state.params,
+                                {"step": state.step, "opt_state": state.opt_state},
+                                {**self.meta, "step": done, "skipped_steps": self.guard.skipped})
+        if signum:
+            self.ckpts.wait()
+            raise signals.Stopped(signum, done)

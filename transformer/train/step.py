@@ -1,0 +1,83 @@
+"""One training step over explicit state, and the loss it descends.
+
+    state  = TrainState(step, params, opt_state)               everything that changes
+    state', metrics = train_step(state, batch)                  pure; the caller donates state
+    loss   = mean over counted targets of -log softmax(logits)[target]   (float32)
+
+Nothing here knows about devices: trainer.py compiles `train_step` for a mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer.config import ModelConfig
+from transformer.model.gpt import GPT, init_params
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def loss_fn(params, batch, model_config: ModelConfig):
+    """Weighted mean next-token cross-entropy, in float32."""
+    logits_BTV = GPT(model_config).apply({"params": params}, batch["inputs"])
+    ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, batch["targets"])
+    weights_BT = batch["weights"]
+    return jnp.sum(ce_BT * weights_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0)
+
+
+def accumulated_grad(params, batch, model_config, micro_batches: int):
+    """(loss, gradient) of the whole batch, computed `micro_batches` rows-slices at a time.
+
+    Each micro-batch's mean is weighted by its counted targets, so the result is the mean
+    over every counted target of the batch: one batch of k·b up to float rounding. Micro-batch
+    i takes rows i, i+k, i+2k, ...: with the batch split over devices by rows, every
+    micro-batch stays split the same way."""
+    grad_fn = jax.value_and_grad(loss_fn)
+    if micro_batches == 1:
+        return grad_fn(params, batch, model_config)
+    k = micro_batches
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def add(carry, mb):
+        loss_sum, grad_sum, count = carry
+        n = jnp.sum(mb["weights"])
+        loss, grads = grad_fn(params, mb, model_config)
+        grad_sum = jax.tree.map(lambda s, g: s + n * g, grad_sum, grads)
+        return (loss_sum + n * loss, grad_sum, count + n), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss_sum, grad_sum, count), _ = jax.lax.scan(add, (jnp.float32(0), zeros, jnp.float32(0)),
+                                                  micro)
+    count = jnp.maximum(count, 1.0)
+    return loss_sum / count, jax.tree.map(lambda g: g / count, grad_sum)
+
+
+def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1):
+    loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
+    # A NaN/inf anywhere in the gradient makes its norm non-finite. Such an update is not
+    # applied (params and optimizer state stay as they were); faults.NonFiniteGuard decides
+    # on the host whether that stops the run or skips the step.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    metrics = {"train_loss": loss, "grad_norm": grad_norm, "nonfinite": ~finite}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def init_state(model_config: ModelConfig, optimizer, seed: int) -> TrainState:
+    params = init_params(model_config, jax.random.key(seed))
+    return TrainState(jnp.int32(0), params, optimizer.init(params))

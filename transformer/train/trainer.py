@@ -1,0 +1,153 @@
+"""The compiled functions of one run on one mesh: the train step, evaluation, batches.
+
+    trainer = Trainer.build(config, mesh)        compiles step.train_step for the mesh
+    state', metrics = trainer.step_fn(state, batch)        state buffers donated
+    val_loss = evaluate(trainer, params, source, seed)
+
+The loop around the step, checkpoints and resuming live in run.py (start.py, loop.py).
+
+Everything lives on a device mesh (sharding.py): the state is created already split
+(eval_shape -> shardings -> jit(init, out_shardings)), the step is compiled with explicit
+in/out shardings and donates the old state, and each process builds only the batch rows its
+devices hold. One CPU is the 1x1x1 case of the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from transformer import config as config_lib
+from transformer import data
+from transformer.config import ConfigError, ModelConfig
+from transformer.model import flops, kernels, sizes
+from transformer.model.gpt import count_params, init_params  # noqa: F401 (init_params: tests)
+from transformer.parallel import sharding
+from transformer.train.optimizer import make_optimizer
+from transformer.train.step import TrainState, accumulated_grad, init_state, loss_fn, train_step  # noqa: F401  (the step's names, importable from here)
+
+
+def compute_precision(model_config: ModelConfig) -> str:
+    """The dtype the matmuls run in, for choosing the peak that MFU divides by."""
+    return kernels.compute_dtype(model_config)
+
+
+@dataclasses.dataclass
+class Trainer:
+    """The compiled functions of one run on one mesh (built once from its config)."""
+
+    config: Any
+    model_config: ModelConfig
+    optimizer: optax.GradientTransformation
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    state_sharding: TrainState
+    batch_sharding: jax.sharding.NamedSharding
+    step_fn: Callable
+    eval_fn: Callable
+
+    @classmethod
+    def build(cls, config, mesh=None) -> "Trainer":
+        """Compiles for `mesh` (default: the one config.mesh describes over every device).
+        Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
+        model_config = ModelConfig.from_config(config)
+        optimizer = make_optimizer(config.train)
+        mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+        sharding.check_fits(config, mesh)
+        rules = sharding.axis_rules(config)
+        param_sh = sharding.param_shardings(model_config, mesh, rules)
+        abstract = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
+        state_sh = TrainState(step=sharding.replicated(mesh), params=param_sh,
+                              opt_state=sharding.tree_shardings_like(abstract.opt_state,
+                                                                     param_sh, mesh))
+        batch_sh = sharding.batch_sharding(mesh, rules)
+        replicated = sharding.replicated(mesh)
+        step = sharding.constrained(functools.partial(train_step, model_config=model_config,
+                                                      optimizer=optimizer,
+                                                      micro_batches=config.train.grad_accum),
+                                    mesh, rules)
+        step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                          out_shardings=(state_sh, replicated), donate_argnums=0)
+        loss = sharding.constrained(functools.partial(loss_fn, model_config=model_config),
+                                    mesh, rules)
+        eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated)
+        return cls(config, model_config, optimizer, mesh, rules, state_sh, batch_sh,
+                   step_fn, eval_fn)
+
+    def init(self, seed: int) -> TrainState:
+        """A fresh state, created directly in its shards (never whole on one device).
+
+        Traced without the mesh in scope: the out_shardings alone place every leaf, and
+        Flax's DenseGeneral would otherwise pin its flat [D, H*K] kernel with 3-axis names."""
+        init = lambda: init_state(self.model_config, self.optimizer, seed)  # noqa: E731
+        return jax.jit(init, out_shardings=self.state_sharding)()
+
+    def abstract_state(self) -> TrainState:
+        """Shapes, dtypes and this mesh's shardings: the target a checkpoint restores onto."""
+        shapes = jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            shapes, self.state_sharding)
+
+    def batch(self, source, seed: int, split: str, index: int) -> dict:
+        """Batch `index` as global arrays; this process builds only the rows it holds."""
+        B, T = self.config.train.batch_size, self.config.model.max_seq_len
+        rows = sharding.process_rows(self.batch_sharding, B, T)
+        local = source.batch(seed, split, index, B, rows=rows)
+        return sharding.put_batch(local, self.batch_sharding, B)
+
+
+def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
+    """Nats per token → bits per byte of text: comparable across tokenizers."""
+    return loss_nats / math.log(2) * tokens_per_byte
+
+
+def evaluate(trainer: Trainer, params, source, seed: int) -> float:
+    """Mean validation loss (nats per token) over a fixed set of held-out batches."""
+    t = trainer.config.train
+    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
+              for i in range(t.eval_batches)]
+    return float(np.mean(jax.device_get(losses)))
+
+
+def summary(config, params, tokenizer, corpus_desc: str) -> str:
+    """`python -m transformer sizes`'s report for this run, then what it trains on."""
+    t = config.train
+    model_config = ModelConfig.from_config(config)
+    m = config.model
+    window = f", window {m.sliding_window}" if m.sliding_window else ""
+    lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
+             f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
+             f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
+    counted, real = flops.param_counts(model_config)["total"], count_params(params)
+    if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
+        lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
+    tokens_per_step = t.batch_size * config.model.max_seq_len
+    total_tokens = tokens_per_step * t.steps
+    accum = (f" in {t.grad_accum} micro-batches of {t.batch_size // t.grad_accum} rows"
+             if t.grad_accum > 1 else "")
+    lines.append(f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} "
+                 f"tokens/step{accum}, {t.steps:,} steps = {total_tokens:,} tokens, "
+                 f"{flops.train_flops_per_token(model_config) * total_tokens:.3g} FLOPs")
+    return "\n".join(lines)
+
+
+def resolve(config, tokenizer):
+    """The config with derived values filled in (a new one; `config` is left as it is): the
+    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
+    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
+                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
+    if config.model.vocab_size == 0:
+        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
+    if (config.model.vocab_size < tokenizer.vocab_size
+          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
+                          f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
+                          "or 0 to take it from the tokenizer")
+    return config
