@@ -41,10 +41,17 @@ def commands() -> list[tuple[str, str]]:
 
 
 def _program(args: list[str]) -> list[str]:
+    if args[:2] == ["-m", "transformer"]:  # python -m transformer COMMAND
+        return args[:3]
     return args[:2] if args[0] == "-m" else args[:1]
 
 
 def _source(program: list[str]):
+    if program[:2] == ["-m", "transformer"]:
+        from transformer.__main__ import COMMANDS
+        if len(program) < 3 or program[2] not in COMMANDS:
+            return ROOT / "transformer" / "no-such-command"
+        return ROOT / (COMMANDS[program[2]][0].replace(".", "/") + ".py")
     if program[0] == "-m":
         return ROOT / (program[1].replace(".", "/") + ".py")
     return ROOT / program[0]

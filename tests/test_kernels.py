@@ -1,4 +1,4 @@
-"""The kernel seam (transformer/kernels/): every matmul mode gives the plain path's numbers and
+"""The kernel seam (transformer/model/kernels/): every matmul mode gives the plain path's numbers and
 parameters, every attention path that forms weights sows them, and the model and decoder
 never look at how the matmuls are computed."""
 

@@ -2,7 +2,7 @@
 checkpoint and a NaN all end in the same final params as a run never interrupted, bit for bit.
 
 Every run here is a real `train.py` / `sample.py` subprocess on a tiny char-level model.
-Test hooks (transformer/faults.py) slow steps and saves down so that kills land mid-run and
+Test hooks (transformer/train/faults.py) slow steps and saves down so that kills land mid-run and
 mid-save, and poison one batch with NaN. The subprocesses share the session's persistent
 compilation cache (tests/conftest.py) only to save time: it changes no numbers, since the
 uninterrupted baseline and the killed runs then run the very same executables.

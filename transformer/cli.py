@@ -71,7 +71,7 @@ def run(main) -> None:
         fail(_one_line(e))
     except (KeyError, AttributeError) as e:
         fail(f"unknown config key {_one_line(e).strip(chr(34))}: "
-             "transformer/config.py lists the fields that exist")
+             "transformer/config/schema.py lists the fields that exist")
     except (TypeError, ValueError, OSError, SyntaxError) as e:
         fail(f"could not load the config: {_one_line(e)}")
     try:

@@ -19,7 +19,7 @@ scheduler can fan the sweep out; the report then gathers whatever has finished.
 The report writes report.csv, report.md, fit.json and three PNGs into the workdir:
 loss_vs_params.png, loss_vs_compute.png and loss_curves.png; an IsoFLOP sweep (budget kind
 `flops`) adds Chinchilla's approaches 2 and 3 with bootstrap intervals, the compute-optimal
-size at its largest budget and isoflop.png (transformer/isoflop.py). A sweep with `variants`
+size at its largest budget and isoflop.png (transformer/scaling/isoflop.py). A sweep with `variants`
 (e.g. from `grid`) repeats the ladder per variant and fits one curve per group.
 """
 
