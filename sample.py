@@ -82,37 +82,16 @@ class _StreamPrinter:
 
 def _load():
     """(step, model config, params, tokenizer) of --hf or of --workdir's checkpoint."""
-    from transformer.config import ModelConfig
-    from transformer.data import tokenizers
-    from transformer.hf import load as hf_import
-    from transformer.model.kernels import auto as matmul_auto
-    from transformer.train import checkpoint
-
     if _HF.value is not None:
-        model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
+        from transformer.hf import load as hf_load
+
+        model_config, params, tokenizer = hf_load.load_pretrained(_HF.value)
         return "hf", model_config, params, tokenizer
-    ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
-    # Only committed checkpoints are visible (a save in progress is a tmp folder), and a
-    # damaged latest one is skipped with a warning: safe while a run trains in this workdir.
-    found = ckpts.restore_good(_abstract_params, step=_STEP.value)
-    # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
-    config, _ = matmul_auto.resolve(config_lib.from_dict(found.meta["config"]))
-    return (found.step, ModelConfig.from_config(config), found.params,
-            tokenizers.from_json(found.meta["tokenizer"]))
+    from transformer import checkpoint
 
-
-def _abstract_params(meta):
-    """Onto one device, whatever mesh wrote the checkpoint: the target names the placement."""
-    import jax
-
-    from transformer.config import ModelConfig
-    from transformer.model.gpt import init_params
-
-    model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
-                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
-    return abstract, None
+    # A damaged newest checkpoint is skipped with a warning; safe while a run trains there.
+    run = checkpoint.load_run(_WORKDIR.value, step=_STEP.value)
+    return run.step, run.model_config, run.params, run.tokenizer
 
 
 if __name__ == "__main__":

@@ -74,14 +74,14 @@ def main(argv):
 
     from transformer.generate import text as textgen
     from transformer.parallel import sharding
-    from transformer.train import run
+    from transformer.train import run, start
     from transformer.train import trainer as training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
     state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
                                  allow_change=_ALLOW_CHANGE.value,
                                  hooks=faults.TestHooks.from_env())  # tests' kill hooks
-    config = training.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
+    config = start.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:
         [text] = textgen.sample_text(

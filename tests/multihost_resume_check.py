@@ -18,7 +18,8 @@ def main(workdir, port, process_id):
                                process_id=process_id)
     from transformer import config as config_lib
     from transformer.parallel import sharding
-    from transformer.train import checkpoint, start
+    from transformer import checkpoint
+from transformer.train import start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     newest, saved = ckpts.all_steps()[-1], ckpts.read_meta()["config"]

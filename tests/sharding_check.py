@@ -19,11 +19,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from transformer import checkpoint
 from transformer.config import base_config, validate
 from transformer.data import batches
 from transformer.generate import decode
 from transformer.parallel import sharding
-from transformer.train import checkpoint
 from transformer.train.trainer import Trainer
 
 SHAPES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]

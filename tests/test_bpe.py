@@ -2,10 +2,11 @@
 
 import pytest
 
+from transformer import checkpoint
 from transformer import config as config_lib
 from transformer.config import ConfigError
 from transformer.data import tokenizers
-from transformer.train import checkpoint, run
+from transformer.train import run
 
 TEXT = "def add(a, b):\n    return a + b\n\n" * 200 + "class Point:\n    x = 1\n" * 100
 

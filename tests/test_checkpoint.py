@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer import checkpoint
+from transformer.checkpoint import CheckpointError, Checkpoints, TransientReadError
 from transformer.parallel import processes
-from transformer.train import checkpoint
-from transformer.train.checkpoint import CheckpointError, Checkpoints, TransientReadError
+from transformer.train import workdir as workdir_lib
 
 
 def _tree(seed):
@@ -148,9 +149,9 @@ def test_quarantine_moves_a_step_aside_and_it_can_be_saved_again(workdir):
 def test_a_workdir_that_is_a_file_is_refused(tmp_path):
     path = tmp_path / "file"
     path.write_text("x")
-    with pytest.raises(checkpoint.WorkdirError, match="is a file, not a folder"):
-        checkpoint.check_writable(path)
-    checkpoint.check_writable(tmp_path / "new" / "run")
+    with pytest.raises(workdir_lib.WorkdirError, match="is a file, not a folder"):
+        workdir_lib.check_writable(path)
+    workdir_lib.check_writable(tmp_path / "new" / "run")
     assert (tmp_path / "new" / "run").is_dir()
 
 

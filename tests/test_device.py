@@ -15,7 +15,8 @@ from transformer.data import batches
 from transformer.model import attention
 from transformer.model.gpt import GPT, init_params
 from transformer.parallel import sharding
-from transformer.train.trainer import Trainer, resolve
+from transformer.train.start import resolve
+from transformer.train.trainer import Trainer
 
 pytestmark = pytest.mark.device
 

@@ -8,7 +8,7 @@ import pytest
 from transformer import config as config_lib
 from transformer.config import ModelConfig, base_config, fields, resume
 from transformer.model import sizes
-from transformer.train import trainer as training
+from transformer.train import start
 
 
 def problems(table, model_config=ModelConfig, free=resume.FREE, fixed=resume.FIXED) -> list:
@@ -87,7 +87,7 @@ def test_derived_values_come_back_in_a_new_config():
     class Tok:
         vocab_size, kind = 65, "char"
     config = config_lib.validate(config_lib.replace(base_config(), **{"model.vocab_size": 0}))
-    resolved = training.resolve(config, Tok())
+    resolved = start.resolve(config, Tok())
     assert (config.model.vocab_size, resolved.model.vocab_size) == (0, 65)
     assert sizes.model_config_of(config).vocab_size == 256 and config.model.vocab_size == 0
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
+from transformer import checkpoint
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
@@ -23,7 +24,7 @@ from transformer.hf import load as hf_import
 from transformer.hf import mapping as hf
 from transformer.hf import weights as hf_weights
 from transformer.model.gpt import GPT, init_params, unstack_layers
-from transformer.train import checkpoint, run
+from transformer.train import run, start
 from transformer.train import trainer as training
 
 # torch and transformers (~3.6 s to import) come in the functions that use them: every pytest
@@ -210,12 +211,12 @@ def test_init_from_starts_training_from_the_hf_weights(tmp_path):
     config.train.update(init_from=str(folder), steps=1, batch_size=2, lr=1e-9, warmup_steps=0,
                         eval_every=1, eval_batches=1, ckpt_every=1, log_every=1)
     config_lib.validate(config)
-    config, tokenizer = hf_import.prepare(asked := config)
+    config, tokenizer = start._init_from(asked := config)
     assert tokenizer is None  # no tokenizer.json: data.tokenizer decides
     assert config.model.vocab_size == 320  # 0: taken from the weights
     assert asked.model.vocab_size == 0  # the caller's config is left as it is
     trainer = training.Trainer.build(config)
-    state = hf_import.fresh_state(trainer, seed=0)
+    state = start.imported_state(trainer)
     assert jax.tree.structure(state) == jax.tree.structure(trainer.abstract_state())
     for leaf, want in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.abstract_state())):
         assert leaf.sharding == want.sharding

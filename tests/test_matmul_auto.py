@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from transformer import config as config_lib
-from transformer.config import base_config
+from transformer.config import ModelConfig, base_config
 from transformer.model.kernels import auto as matmul_auto
 from transformer.model.kernels.auto import decide_cpu
 from transformer.train import metrics
@@ -55,7 +55,7 @@ def _choice_in_subprocess(xla_flags):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if xla_flags:
         env["XLA_FLAGS"] = xla_flags
-    code = "from transformer import matmul_auto; print(matmul_auto.choose().mode)"
+    code = "from transformer.model.kernels import auto; print(auto.choose().mode)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -77,3 +77,18 @@ def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
         assert bf16 > f32, (bf16, f32)
     else:
         assert mode == "fast_f32" and bf16 < 1.2 * f32, (bf16, f32)
+
+
+def test_a_config_is_plain_data_and_the_seam_resolves_auto(monkeypatch):
+    """Building a ModelConfig reads nothing of the machine (config/ imports no kernels); the
+    kernel seam resolves a bare `auto` with the same choice the run set-up records."""
+    from transformer.model import kernels
+
+    def no_machine():
+        raise AssertionError("constructing a config read the machine")
+
+    monkeypatch.setattr(matmul_auto, "choose", no_machine)
+    assert ModelConfig().matmul == "auto"
+    assert ModelConfig.from_config(base_config()).matmul == "auto"
+    monkeypatch.undo()
+    assert kernels.matmul_mode(ModelConfig()) == matmul_auto.choose().mode

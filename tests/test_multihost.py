@@ -16,8 +16,9 @@ from pathlib import Path
 import jax
 from conftest import free_port, simulated_devices_env
 
+from transformer import checkpoint
 from transformer import config as config_lib
-from transformer.train import checkpoint, run, start
+from transformer.train import run, start
 
 ROOT = Path(__file__).resolve().parent.parent
 

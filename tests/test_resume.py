@@ -86,7 +86,8 @@ def final_state(workdir):
     import jax
 
     from transformer import config as config_lib
-    from transformer.train import checkpoint, start
+    from transformer import checkpoint
+from transformer.train import start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer import checkpoint
 from transformer import config as config_lib
 from transformer.config import ModelConfig, base_config
 from transformer.data import tokenizers
 from transformer.model.gpt import init_params, stack_layers
 from transformer.tools.visualize import load_run, look_inside, token_labels
-from transformer.train import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,

@@ -13,9 +13,6 @@ import sys
 
 from absl import flags, logging
 
-from transformer.train.faults import NonFiniteError
-from transformer.train.signals import Stopped
-
 # Where each kind of user error is declared. cli.py does not import these modules itself
 # (jax, flax and orbax take ~1.5 s to import): an error can only come from a module that is
 # loaded, so a bad config value is refused before the heavy imports happen at all.
@@ -23,12 +20,18 @@ _USER_ERROR_HOMES = {"transformer.config.schema": "ConfigError",
                      "transformer.data.corpus": "CorpusError",
                      "transformer.data.tokenizers": "TokenizerError",
                      "transformer.generate.decode": "GenerationError",
-                     "transformer.train.checkpoint": "CheckpointError"}
+                     "transformer.checkpoint": "CheckpointError",
+                     "transformer.train.workdir": "WorkdirError"}
+
+
+def _loaded(module: str, name: str) -> tuple:
+    """(the class `name` of `module`,) if that module is loaded, else (): cli.py imports no
+    room of the package, so every room's command line may use it."""
+    return (getattr(sys.modules[module], name),) if module in sys.modules else ()
 
 
 def loaded_user_errors() -> tuple:
-    return tuple(getattr(sys.modules[m], name) for m, name in _USER_ERROR_HOMES.items()
-                 if m in sys.modules)
+    return sum((_loaded(m, name) for m, name in _USER_ERROR_HOMES.items()), ())
 
 
 def __getattr__(name):  # cli.USER_ERRORS: all of them (imports every module that declares one)
@@ -76,14 +79,14 @@ def run(main) -> None:
         fail(f"could not load the config: {_one_line(e)}")
     try:
         main(argv)
-    except NonFiniteError as e:  # the run failed, not the input: status 1
-        fail(_one_line(e), status=1)
-    except Stopped as e:  # SIGINT/SIGTERM after a checkpoint was saved: not an error
-        print(str(e), file=sys.stderr)
-        sys.exit(e.status)
     except KeyboardInterrupt:
         fail("interrupted", status=130)
-    except Exception as e:  # noqa: BLE001 -- re-raised (with its traceback) unless a user error
+    except Exception as e:  # noqa: BLE001 -- re-raised (with its traceback) unless known
+        if isinstance(e, _loaded("transformer.train.faults", "NonFiniteError")):
+            fail(_one_line(e), status=1)  # the run failed, not the input: status 1
+        if isinstance(e, _loaded("transformer.train.signals", "Stopped")):
+            print(str(e), file=sys.stderr)  # SIGINT/SIGTERM after a checkpoint was saved
+            sys.exit(e.status)
         if not isinstance(e, loaded_user_errors()):
             raise
         fail(_one_line(e))

@@ -1,7 +1,7 @@
 """The configuration schema, checked once at start-up.
 
 Config files under `configs/` are data: each `get_config()` starts from `base_config()`
-and changes a few fields. Every field a run can use is declared once in `fields.py` with its
+and changes a few fields. Every field a run can use is declared once in `config/fields.py` with its
 default, type, allowed values, doc and resume rule; this module derives the defaults, the
 checks and the model's hashable config from that table, so an unknown key or a value of the
 wrong type is caught before anything runs, and every error names the field and the fix.
@@ -12,7 +12,8 @@ wrong type is caught before anything runs, and every error names the field and t
     config = validate(config)   # raises ConfigError("model.d_model=...: ...")
 
 A validated config is not changed afterwards: code that derives a value (the vocabulary size
-from the tokenizer, the matmul mode `auto` picks) returns a new config with `replace`. The
+from the tokenizer, the matmul mode `auto` picks at the run's start) returns a new config with
+`replace`. Nothing here reads the machine: `auto` is resolved at the edge (model/kernels/auto.py). The
 ConfigDict type stays (not FrozenConfigDict), because callers build variants by copying a
 config and setting fields before they validate it.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from typing import Any
 
 import ml_collections
@@ -59,16 +62,6 @@ def replace(config: ml_collections.ConfigDict, **changes) -> ml_collections.Conf
     return new
 
 
-def _model_config_post_init(self):
-    # A model is never built with "auto": a directly built ModelConfig runs the mode auto
-    # picks on this machine, the same one training runs (the run set-up resolves it first and
-    # records why; here the choice is the same, from the same function).
-    if self.matmul == "auto":
-        from transformer.model.kernels import auto as matmul_auto
-
-        object.__setattr__(self, "matmul", matmul_auto.choose().mode)
-
-
 def _head_dim(self) -> int:
     return self.d_model // self.n_heads
 
@@ -94,14 +87,13 @@ def _from_config(cls, config: ml_collections.ConfigDict):
 
 
 # The model's shape as a hashable value (a static argument of jitted functions): one field per
-# `model.*` declaration, with the same defaults as base_config(), except that `matmul` is
-# always a concrete mode (see _model_config_post_init).
+# `model.*` declaration, with the same defaults as base_config(). Plain data: `matmul` may be
+# "auto", which the kernel seam (model/kernels/) resolves; constructing one reads no machine.
 ModelConfig = dataclasses.make_dataclass(
     "ModelConfig",
     [(f.key, type(f.default), dataclasses.field(default=f.default)) for f in fields.MODEL_FIELDS],
     frozen=True,
-    namespace={"__post_init__": _model_config_post_init,
-               "head_dim": property(_head_dim), "kv_heads": property(_kv_heads),
+    namespace={"head_dim": property(_head_dim), "kv_heads": property(_kv_heads),
                "mlp_hidden": property(_mlp_hidden),
                "from_config": classmethod(_from_config),
                "__module__": __name__})
@@ -190,16 +182,23 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix=""):
-    """Sampling values that make sense; shared by the config and sample.py's flags."""
-    if temperature < 0:
-        _fail(f"{prefix}temperature", temperature, "must be >= 0 (0 means greedy)")
+def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=ConfigError):
+    """The one check of sampling values: the config's sample section, sample.py's flags and
+    generate/decode.py's arguments all go through it (`error`: the exception to raise)."""
+    def fail(name, value, fix):
+        raise error(f"{prefix}{name}={value!r}: {fix}")
+
+    if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
+            or temperature < 0:
+        fail("temperature", temperature, "must be >= 0 (0 means greedy)")
     if top_k < 0:
-        _fail(f"{prefix}top_k", top_k, "must be >= 0 (0 disables top-k)")
+        fail("top_k", top_k, "must be >= 0 (0 disables top-k)")
     if not 0.0 < top_p <= 1.0:
-        _fail(f"{prefix}top_p", top_p, "must be in (0, 1] (1 disables top-p)")
-    if max_new_tokens < 1:  # any length: generation goes on past the context (decode.py)
-        _fail(f"{prefix}max_new_tokens", max_new_tokens, "must be >= 1")
+        fail("top_p", top_p, "must be in (0, 1] (1 disables top-p)")
+    # Any length: generation goes on past the context (generate/decode.py).
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
+            or max_new_tokens < 1:
+        fail("max_new_tokens", max_new_tokens, "must be an integer >= 1")
 
 
 def to_dict(config: ml_collections.ConfigDict) -> dict:

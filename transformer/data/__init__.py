@@ -1,6 +1,11 @@
-"""Data: tokenizers, corpora and batches. Knows nothing of the model; hands out integer arrays.
+"""The data room: text in, integer batches out. Knows nothing of the model.
+
+    tokenizers.py  byte, char and BPE tokenizers (saved with every checkpoint as JSON)
+    corpus.py      corpora: the standard library's sources, files, folders, synthetic tasks
+    batches.py     a batch is a pure function of (seed, split, index, row)
 
 `load(config)` turns the `data` section of a config into (tokenizer, batch source).
+May import: config/. Never: model/, train/ or anything above them.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, check_sampling
 from transformer.generate import sampling
 from transformer.model import kernels, kvcache
 from transformer.model.gpt import GPT, unstack_layers
@@ -119,14 +119,7 @@ def fill_segments(P: int, S: int) -> list[tuple[int, int]]:
 def check_args(config: ModelConfig, prompts, max_new_tokens, temperature, top_k, top_p,
                eos_id) -> None:
     """Refuses what generation cannot mean, naming the argument and the fix."""
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise GenerationError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 1")
-    if not np.isfinite(temperature) or temperature < 0:
-        raise GenerationError(f"temperature={temperature}: must be >= 0 (0 means greedy)")
-    if top_k < 0:
-        raise GenerationError(f"top_k={top_k}: must be >= 0 (0 disables top-k)")
-    if not 0.0 < top_p <= 1.0:
-        raise GenerationError(f"top_p={top_p}: must be in (0, 1] (1 disables top-p)")
+    check_sampling(temperature, top_k, top_p, max_new_tokens, error=GenerationError)
     if not (eos_id == -1 or 0 <= eos_id < config.vocab_size):
         raise GenerationError(f"eos_id={eos_id}: must be -1 (no end token) or a token id "
                               f"below the vocabulary size {config.vocab_size}")

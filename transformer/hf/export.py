@@ -94,33 +94,13 @@ def export(workdir, out, step=None) -> Path:
     """Exports checkpoint `step` (default: the latest good one) of the run in `workdir`."""
     import jax
 
-    from transformer import config as config_lib
-    from transformer.data import tokenizers
-    from transformer.model.gpt import init_params
-    from transformer.train import checkpoint
+    from transformer import checkpoint
 
     check_out(out)
-    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    if step is not None and step not in ckpts.all_steps():
-        have = ", ".join(map(str, ckpts.all_steps())) or "none"
-        raise checkpoint.CheckpointError(f"--step={step}: no such checkpoint in {workdir} "
-                                         f"(steps saved: {have})")
-    meta = ckpts.read_meta(step)
-    # Refused here, before any restore: an error raised while restoring reads as "damaged".
-    hf.family(ModelConfig.from_config(config_lib.from_dict(meta["config"])))
-
-    def abstract(meta):
-        mc = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shapes = jax.eval_shape(lambda: init_params(mc, jax.random.key(0)))
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
-                            shapes), None
-
-    found = ckpts.restore_good(abstract, step=step)
-    ckpts.close()
-    model_config = ModelConfig.from_config(config_lib.from_dict(found.meta["config"]))
-    tokenizer = tokenizers.from_json(found.meta["tokenizer"])
-    return write_folder(model_config, jax.device_get(found.params), tokenizer, out)
+    # Refused before any restore if the run's model has no Hugging Face family.
+    run = checkpoint.load_run(workdir, step=step,
+                              check=lambda model_config: hf.family(model_config))
+    return write_folder(run.model_config, jax.device_get(run.params), run.tokenizer, out)
 
 
 def main(argv):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.hf import mapping as hf
@@ -90,7 +89,8 @@ def load_pretrained(path, matmul: str = "plain"):
 
 def init_params(config):
     """Host (NumPy) parameters for `config` from `train.init_from`, in the layout training
-    uses (stacked when model.scan_layers); every tensor's shape checked against the config."""
+    uses (stacked when model.scan_layers); every tensor's shape checked against the config
+    (an HFError naming the tensor otherwise). train/start.py places them on the mesh."""
     from transformer.model.gpt import stack_layers
 
     path = config.train.init_from
@@ -111,43 +111,13 @@ def _map(fn, tree):
     return {k: _map(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
 
 
-def prepare(config):
-    """Before a fresh run writes anything: checks the `train.init_from` weights against the
-    config (every tensor's shape) and returns (config, tokenizer): the config with
-    model.vocab_size=0 replaced by the checkpoint's vocabulary (a new config; the argument is
-    left as it is), and the tokenizer the run uses: the folder's own, if it has one, so that a
-    fine-tuned GPT-2 keeps GPT-2's vocabulary; None (no init_from, no tokenizer.json):
-    data.tokenizer.
-
-    The weights are read here only to be checked (fresh_state reads them again): a refused
-    run then leaves no workdir behind."""
-    path = config.train.init_from
-    if not path:
-        return config, None
-    if config.model.vocab_size == 0:
-        where = f"train.init_from={path}"
-        tensors = read_tensors(path, where)
-        name = next((n for n in ("transformer.wte.weight", "wte.weight",
-                                 "model.embed_tokens.weight") if n in tensors), None)
-        if name is None:
-            raise hf.HFError(f"{where}: no embedding tensor (wte.weight or "
-                             "model.embed_tokens.weight) to take model.vocab_size from")
-        config = config_lib.replace(config, **{"model.vocab_size": int(tensors[name].shape[0])})
-    init_params(config)
-    return config, tokenizer(path)
-
-
-def fresh_state(trainer, seed: int):
-    """The state a new run starts from: random (Trainer.init) or, with `train.init_from`, the
-    imported weights placed with the same shardings and a fresh optimizer state for them."""
-    import jax
-    import jax.numpy as jnp
-
-    if not trainer.config.train.init_from:
-        return trainer.init(seed)
-    shardings = trainer.state_sharding
-    params = jax.device_put(init_params(trainer.config), shardings.params)
-    opt_state = jax.jit(trainer.optimizer.init, out_shardings=shardings.opt_state)(params)
-    step = jax.device_put(jnp.int32(0), shardings.step)
-    from transformer.train.trainer import TrainState
-    return TrainState(step, params, opt_state)
+def vocab_size(path) -> int:
+    """The vocabulary of the weights at `path` (rows of the token embedding)."""
+    where = f"train.init_from={path}"
+    tensors = read_tensors(path, where)
+    name = next((n for n in ("transformer.wte.weight", "wte.weight",
+                             "model.embed_tokens.weight") if n in tensors), None)
+    if name is None:
+        raise hf.HFError(f"{where}: no embedding tensor (wte.weight or "
+                         "model.embed_tokens.weight) to take model.vocab_size from")
+    return int(tensors[name].shape[0])

@@ -46,7 +46,7 @@ def _tokens_per_step(rows, workdir):
         if r.get("tokens") and r.get("step"):
             return r["tokens"] / r["step"]
     try:  # runs logged before metrics carried tokens: ask the checkpoint's config
-        from transformer.train.checkpoint import Checkpoints
+        from transformer.checkpoint import Checkpoints
         config = Checkpoints(workdir, read_only=True).read_meta()["config"]
         return config["train"]["batch_size"] * config["model"]["max_seq_len"]
     except Exception:  # noqa: BLE001 - no checkpoint: plot against steps only

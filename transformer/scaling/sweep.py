@@ -147,7 +147,7 @@ def members(sweep) -> list[Member]:
 def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[str]:
     """Trains the members not yet finished (or only member `index`). Returns those trained."""
     from transformer.train.run import train  # jax, flax, optax: not needed for --report
-    from transformer.train.trainer import resolve
+    from transformer.train.start import resolve
     all_members = members(sweep)
     if index is not None and not 0 <= index < len(all_members):
         raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")

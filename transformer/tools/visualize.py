@@ -25,30 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer import cli
-from transformer import config as config_lib
+from transformer import checkpoint, cli
 from transformer.config import ModelConfig
-from transformer.data import tokenizers
 from transformer.generate.decode import PromptError
 from transformer.model import kernels
-from transformer.model.gpt import GPT, init_params, unstack_layers
-from transformer.train import checkpoint
+from transformer.model.gpt import GPT, unstack_layers
 
 
 def load_run(workdir, step=None):
-    """(model_config, params, tokenizer, step) of a run's checkpoint (the latest by default)."""
-    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    step = ckpts.latest_step() if step is None else step
-    if step is None:
-        raise checkpoint.CheckpointError(f"{workdir}: no checkpoint yet; train first")
-    meta = ckpts.read_meta(step)
-    model_config = ModelConfig.from_config(config_lib.from_dict(meta["config"]))
-    # Onto one device, whatever mesh wrote the checkpoint: the target names the placement.
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
-                            jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
-    params, _ = ckpts.restore(step, abstract)
-    return model_config, params, tokenizers.from_json(meta["tokenizer"]), step
+    """(model_config, params, tokenizer, step) of a run's checkpoint (the newest good one by
+    default), through the checked restore every reader of a run uses."""
+    run = checkpoint.load_run(workdir, step=step)
+    return run.model_config, run.params, run.tokenizer, run.step
 
 
 def look_inside(model_config: ModelConfig, params, tokens: list[int]):

@@ -2,9 +2,10 @@
 
     state, tokenizer = train(config, workdir)            trains, or resumes the run in workdir
 
-In order: check everything that needs no write (start.prepare: config, corpus, checkpoint,
-a changed config), claim the workdir (start.claim: lock, damaged checkpoints aside), build
-the compiled step for the mesh (training.Trainer), take the state (restored or fresh), and
+In order: resolve the config (start.resolve_config), read everything and check what needs no
+write (start.prepare: checkpoint, data, derived values, resume rules), claim the workdir
+(start.claim: lock, damaged checkpoints aside), build the compiled step for the mesh
+(trainer.Trainer), take the state (start.initial_state: restored, imported or fresh), and
 run the loop (loop.Loop) to `train.steps`.
 
 The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
@@ -21,16 +22,18 @@ from typing import Callable
 
 import jax
 
+from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer import data
+from transformer.config import ModelConfig
+from transformer.model import flops, sizes
+from transformer.model.gpt import count_params
 from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
-from transformer.train import checkpoint
 from transformer.train import start as start_lib
 from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
 from transformer.train.loop import Loop
 from transformer.train.metrics import MetricsLog, Progress
-from transformer.train.trainer import Trainer, summary
+from transformer.train.trainer import Trainer
 
 
 def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
@@ -43,9 +46,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     again continues the same schedule to `train.steps`. `hooks` provoke faults (tests only).
 
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf,
-    checkpoint.WorkdirError when another run holds the workdir."""
-    # This run's own copy with `auto` resolved: the caller's config is never changed.
-    config, matmul = matmul_auto.resolve(config_lib.replace(config_lib.validate(config)))
+    workdir.WorkdirError when another run holds the workdir."""
+    config, matmul = start_lib.resolve_config(config)  # this run's own copy, auto resolved
     main_process = jax.process_index() == 0
     if not main_process:
         log, progress = (lambda _: None), False
@@ -91,3 +93,26 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     if first < end:
         log(f"trained steps {first}..{end} in {time.perf_counter() - begin:.1f}s")
     return state
+
+
+def summary(config, params, tokenizer, corpus_desc: str) -> str:
+    """The start-up summary: `python -m transformer sizes`'s report for this run, then its
+    variant and what it trains on."""
+    t = config.train
+    model_config = ModelConfig.from_config(config)
+    m = config.model
+    window = f", window {m.sliding_window}" if m.sliding_window else ""
+    lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
+             f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
+             f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
+    counted, real = flops.param_counts(model_config)["total"], count_params(params)
+    if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
+        lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
+    tokens_per_step = t.batch_size * config.model.max_seq_len
+    total_tokens = tokens_per_step * t.steps
+    accum = (f" in {t.grad_accum} micro-batches of {t.batch_size // t.grad_accum} rows"
+             if t.grad_accum > 1 else "")
+    lines.append(f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} "
+                 f"tokens/step{accum}, {t.steps:,} steps = {total_tokens:,} tokens, "
+                 f"{flops.train_flops_per_token(model_config) * total_tokens:.3g} FLOPs")
+    return "\n".join(lines)

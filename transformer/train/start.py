@@ -1,12 +1,15 @@
-"""Where a run starts: a fresh state, or the newest good checkpoint in its workdir.
+"""Where a run starts, in the order it happens:
 
-    plan = prepare(config, workdir, mesh, allow_change)   reads only; every check that needs no
-                                                          write (config, corpus, checkpoint,
-                                                          a changed config) fails here first
-    with claim(plan):                                     the first writes: lock, damaged aside
-        state, skipped = initial_state(trainer, plan)     restored, or created fresh
+    config, matmul = resolve_config(config)              validated; model.matmul=auto made concrete
+    plan = prepare(config, workdir, mesh, allow_change)  reads only: the checkpoint to continue
+                                                         from, the data (and its tokenizer), the
+                                                         config's derived values, resume rules
+    with claim(plan):                                    the first writes: lock, damaged aside
+        state, skipped = initial_state(trainer, plan)    restored, imported (train.init_from) or
+                                                         fresh: the one place a state is made
 
-On several processes every process reads, and they agree on what they found (the step to
+Every check that needs no write fails in `prepare`, so a refused run leaves its workdir as it
+was. On several processes every process reads, and they agree on what they found (the step to
 restore, which checkpoints are damaged: checkpoint.restore_good) before any of them writes.
 """
 
@@ -18,15 +21,39 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
+from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer import data
 from transformer.config import ConfigError, resume
-from transformer.hf import load as hf_import
+from transformer.hf import load as hf_load
+from transformer.model.kernels import auto
 from transformer.parallel import processes
-from transformer.train import checkpoint
-from transformer.train.trainer import Trainer, TrainState, resolve
+from transformer.train import workdir as workdir_lib
+from transformer.train.trainer import Trainer, TrainState
 from transformer.train.workdir import WorkdirLock
+
+
+def resolve_config(config):
+    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete, the
+    auto.Choice saying why); the caller's config is left as it is."""
+    return auto.resolve(config_lib.replace(config_lib.validate(config)))
+
+
+def resolve(config, tokenizer):
+    """The config with derived values filled in (a new one; `config` is left as it is): the
+    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
+    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
+                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
+    if config.model.vocab_size == 0:
+        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
+    if (config.model.vocab_size < tokenizer.vocab_size
+          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
+                          f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
+                          "or 0 to take it from the tokenizer")
+    return config
 
 
 @dataclasses.dataclass
@@ -69,18 +96,33 @@ def find_checkpoint(workdir, config, mesh=None):
 
 
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
+    """Reads the workdir and the data and checks everything that needs no write."""
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
-    if found:
-        saved_tokenizer = data.tokenizers.from_json(found.meta["tokenizer"])
-    else:  # checks init_from; a None tokenizer: data.tokenizer decides
-        config, saved_tokenizer = hf_import.prepare(config)
-    tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
+    if found:  # the run's own tokenizer, saved with it
+        tokenizer = data.tokenizers.from_json(found.meta["tokenizer"])
+    else:
+        config, tokenizer = _init_from(config)  # None: data.tokenizer decides
+    tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
     config = resolve(config, tokenizer)
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
     return Plan(Path(workdir), config, tokenizer, source, found, damaged)
+
+
+def _init_from(config):
+    """(config, tokenizer or None) of a fresh run: with `train.init_from`, model.vocab_size=0
+    taken from the weights, every tensor's shape checked against the config (the weights are
+    read here only to be checked, so that a refused run writes nothing), and the folder's own
+    tokenizer if it has one (a fine-tuned GPT-2 keeps GPT-2's vocabulary)."""
+    path = config.train.init_from
+    if not path:
+        return config, None
+    if config.model.vocab_size == 0:
+        config = config_lib.replace(config, **{"model.vocab_size": hf_load.vocab_size(path)})
+    hf_load.init_params(config)
+    return config, hf_load.tokenizer(path)
 
 
 @contextlib.contextmanager
@@ -89,7 +131,7 @@ def claim(plan: Plan):
     checkpoints moved aside (so that this run can save those steps again)."""
     workdir = plan.workdir
     processes.barrier("workdir read")  # no process writes before every one has read it
-    checkpoint.check_writable(workdir)  # the first write to the workdir
+    workdir_lib.check_writable(workdir)  # the first write to the workdir
     with WorkdirLock(workdir):
         _check_unchanged(plan)
         for step in plan.damaged if jax.process_index() == 0 else ():
@@ -104,18 +146,29 @@ def _check_unchanged(plan: Plan) -> None:
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     newest = plan.found.step if plan.found else 0
     if any(s > newest and s not in plan.damaged for s in steps):
-        raise checkpoint.WorkdirError(f"--workdir={plan.workdir}: another run saved a "
+        raise workdir_lib.WorkdirError(f"--workdir={plan.workdir}: another run saved a "
                                       "checkpoint there while this one started; run again")
 
 
 def initial_state(trainer: Trainer, plan: Plan) -> tuple[TrainState, int]:
-    """(state, steps skipped so far): the checkpoint's, or a fresh state (the one place one is
-    created)."""
-    if plan.found is None:  # random, or train.init_from
-        return hf_import.fresh_state(trainer, plan.config.train.seed), 0
+    """(state, steps skipped so far): the checkpoint's, the imported weights' or a fresh one."""
+    if plan.found is None and plan.config.train.init_from:
+        return imported_state(trainer), 0
+    if plan.found is None:
+        return trainer.init(plan.config.train.seed), 0
     found = plan.found
     state = TrainState(found.train["step"], found.params, found.train["opt_state"])
     if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
         raise ConfigError(f"{plan.workdir}: the allowed config change alters the optimizer "
                           "state's layout (train.grad_clip on/off?); use a new --workdir")
     return state, found.meta.get("skipped_steps", 0)
+
+
+def imported_state(trainer: Trainer) -> TrainState:
+    """`train.init_from`'s weights placed with the run's shardings, and a fresh optimizer state
+    for them."""
+    shardings = trainer.state_sharding
+    params = jax.device_put(hf_load.init_params(trainer.config), shardings.params)
+    opt_state = jax.jit(trainer.optimizer.init, out_shardings=shardings.opt_state)(params)
+    step = jax.device_put(jnp.int32(0), shardings.step)
+    return TrainState(step, params, opt_state)

@@ -23,10 +23,8 @@ import jax
 import numpy as np
 import optax
 
-from transformer import config as config_lib
-from transformer import data
-from transformer.config import ConfigError, ModelConfig
-from transformer.model import flops, kernels, sizes
+from transformer.config import ModelConfig
+from transformer.model import kernels
 from transformer.model.gpt import count_params, init_params  # noqa: F401 (init_params: tests)
 from transformer.parallel import sharding
 from transformer.train.optimizer import make_optimizer
@@ -113,41 +111,3 @@ def evaluate(trainer: Trainer, params, source, seed: int) -> float:
     losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
               for i in range(t.eval_batches)]
     return float(np.mean(jax.device_get(losses)))
-
-
-def summary(config, params, tokenizer, corpus_desc: str) -> str:
-    """`python -m transformer sizes`'s report for this run, then what it trains on."""
-    t = config.train
-    model_config = ModelConfig.from_config(config)
-    m = config.model
-    window = f", window {m.sliding_window}" if m.sliding_window else ""
-    lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
-             f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
-             f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
-    counted, real = flops.param_counts(model_config)["total"], count_params(params)
-    if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
-        lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
-    tokens_per_step = t.batch_size * config.model.max_seq_len
-    total_tokens = tokens_per_step * t.steps
-    accum = (f" in {t.grad_accum} micro-batches of {t.batch_size // t.grad_accum} rows"
-             if t.grad_accum > 1 else "")
-    lines.append(f"data: {corpus_desc}, {tokenizer.kind} tokenizer; {tokens_per_step:,} "
-                 f"tokens/step{accum}, {t.steps:,} steps = {total_tokens:,} tokens, "
-                 f"{flops.train_flops_per_token(model_config) * total_tokens:.3g} FLOPs")
-    return "\n".join(lines)
-
-
-def resolve(config, tokenizer):
-    """The config with derived values filled in (a new one; `config` is left as it is): the
-    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
-    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
-        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
-                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
-    if config.model.vocab_size == 0:
-        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
-    if (config.model.vocab_size < tokenizer.vocab_size
-          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
-                          f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
-                          "or 0 to take it from the tokenizer")
-    return config

@@ -7,6 +7,7 @@ its holder exits, however it exits (SIGKILL, a crash, a lost machine's process t
 lock is never stale: the file left behind only says who held it last.
 
     WorkdirLock(workdir).check_free()   # early, writes nothing: refuses a workdir in use
+    check_writable(workdir)             # the first write: creates it, proves it writable
     with WorkdirLock(workdir):          # raises WorkdirError naming the holder if another has it
         ... train ...
 
@@ -25,9 +26,12 @@ from pathlib import Path
 import jax
 
 from transformer.parallel import processes
-from transformer.train.checkpoint import WorkdirError
 
 NAME = ".lock"
+
+
+class WorkdirError(ValueError):
+    """A workdir a run cannot have: another run holds it, or it cannot be written."""
 
 
 class WorkdirLock:
@@ -79,3 +83,22 @@ class WorkdirLock:
         if self._file is not None:
             self._file.close()  # closing the file drops the lock
             self._file = None
+
+
+def check_writable(workdir) -> None:
+    """Creates `workdir` if needed and proves a file can be written there (then removes it).
+    The first thing a run writes; everything it can check without writing comes before."""
+    path = Path(workdir)
+    try:
+        if path.exists() and not path.is_dir():
+            raise WorkdirError(f"--workdir={workdir}: is a file, not a folder; "
+                               "give a folder path (it is created if missing)")
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except WorkdirError:
+        raise
+    except OSError as e:
+        raise WorkdirError(f"--workdir={workdir}: cannot write there ({e.strerror or e}); "
+                           "give a folder you can write to") from None

@@ -20,7 +20,7 @@ same asking for cuDNN flash attention for training and scoring; decoding, one qu
 partly filled cache, stays with XLA's). Neither forms the weights: they are None, and a model
 that uses them has no attention maps to look at.
 
-This is the only module that reads those two fields: model.py and decode.py ask it for their
+This is the only module that reads those two fields: model/gpt.py and generate/decode.py ask it for their
 layers and never branch on how the matmuls are computed.
 """
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from transformer.config import fields
 from transformer.model import attention
-from transformer.model.kernels import attention_vjp, dense
+from transformer.model.kernels import attention_vjp, auto, dense
 
 MODES = fields.MATMUL_MODES  # declared with model.matmul
 _COMPUTE_DTYPE = {"fast_f32": "float32", "fast_bf16": "bfloat16"}
@@ -52,15 +52,22 @@ class Kernels:
     cached_attention: Callable  # decoding: queries over the KV cache's slots
 
 
+def matmul_mode(config) -> str:
+    """The concrete mode of a ModelConfig. The run and sampler set-up resolve `auto` and record
+    it (auto.resolve); a config built directly with `auto` runs what auto picks here."""
+    return auto.choose().mode if config.matmul == "auto" else config.matmul
+
+
 def for_model(config) -> Kernels:
     """The dense layer and attention for a ModelConfig."""
     return Kernels(_dense(config), *_attention(config))
 
 
 def _dense(config) -> Callable[..., nn.Module]:
-    if config.matmul == "plain":
+    mode = matmul_mode(config)
+    if mode == "plain":
         return functools.partial(_flax_dense, dtype=config.dtype, param_dtype=config.param_dtype)
-    return functools.partial(dense.DenseGeneral, compute_dtype=_COMPUTE_DTYPE[config.matmul],
+    return functools.partial(dense.DenseGeneral, compute_dtype=_COMPUTE_DTYPE[mode],
                              dtype=config.dtype, param_dtype=config.param_dtype)
 
 
@@ -79,11 +86,12 @@ def _attention(config) -> tuple[Callable, Callable]:
                                            implementation), None
         fused = "cudnn" if config.attention_kernel == "cudnn" else None
         return functools.partial(jax_kernel, implementation=fused), jax_kernel
-    if config.matmul == "plain":
+    mode = matmul_mode(config)
+    if mode == "plain":
         return attention.causal_attention, attention.dot_product_attention
     # Decoding reads the cache with the forward pass only: no backward pass to replace.
     attend = functools.partial(attention_vjp.dot_product_attention,
-                               compute_dtype=_COMPUTE_DTYPE[config.matmul])
+                               compute_dtype=_COMPUTE_DTYPE[mode])
     return functools.partial(attention.causal_attention, attend=attend), (
         attention.dot_product_attention)
 
@@ -99,7 +107,7 @@ def forming_weights(config):
 def compute_dtype(config) -> str:
     """The dtype the model's matmuls take their inputs in ("float32" or "bfloat16"): which
     matmul peak MFU divides by, and which rounding a reproduction of the arithmetic needs."""
-    if config.matmul == "fast_bf16" or config.dtype == "bfloat16":
+    if matmul_mode(config) == "fast_bf16" or config.dtype == "bfloat16":
         return "bfloat16"
     return "float32"
 
@@ -125,7 +133,7 @@ def decode_setup(config, params, batch: int):
     XLA-CPU's float32 matrix-vector product beat its bfloat16 one, so one row decodes faster
     and more precisely.
     """
-    if config.matmul != "fast_bf16":
+    if matmul_mode(config) != "fast_bf16":
         return config, params
     if batch == 1:
         return dataclasses.replace(config, matmul="fast_f32"), params
@@ -136,4 +144,4 @@ def decode_setup(config, params, batch: int):
 
 def decode_matmul(config, batch: int) -> str:
     """The matmul mode a decode loop over `batch` rows runs in (after `decode_setup`)."""
-    return decode_setup(config, {}, batch)[0].matmul
+    return matmul_mode(decode_setup(config, {}, batch)[0])

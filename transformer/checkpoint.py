@@ -48,10 +48,6 @@ class TransientReadError(CheckpointError):
     """A checkpoint could not be read for a reason outside its files (I/O, memory)."""
 
 
-class WorkdirError(CheckpointError):
-    """A workdir that cannot be written (a file, under a file, no permission)."""
-
-
 # What one process found when it read a checkpoint; processes agree on the largest.
 OK, DAMAGED, GONE, TRANSIENT = 0, 1, 2, 3
 # Errors that say a file is missing: the checkpoint is incomplete, hence damaged.
@@ -285,20 +281,51 @@ def quarantine(workdir, step: int) -> Path:
     return target
 
 
-def check_writable(workdir) -> None:
-    """Creates `workdir` if needed and proves a file can be written there (then removes it).
-    The first thing a run writes; everything it can check without writing comes before."""
-    path = Path(workdir)
+@dataclasses.dataclass
+class LoadedRun:
+    """A run's checkpoint on one device, ready to sample from or look inside."""
+
+    step: int
+    config: Any         # the validated run config, `model.matmul` concrete
+    model_config: Any   # ModelConfig of config
+    params: Any
+    tokenizer: Any
+    meta: dict
+
+
+def load_run(workdir, step=None, check=None) -> LoadedRun:
+    """The newest good checkpoint of the run in `workdir` (or checkpoint `step`), its params
+    restored onto one device whatever mesh wrote it: the one way sample.py, export, visualize,
+    explain (and the server) read a run. Fingerprints are checked; a damaged newest checkpoint
+    is skipped with a warning for the one before it. `check(model_config)`, if given, may
+    refuse the run before anything is restored (an error raised while restoring reads as
+    damage). Only committed checkpoints are visible, so this is safe while a run trains there.
+    """
+    from transformer import config as config_lib
+    from transformer.config import ModelConfig
+    from transformer.data import tokenizers
+    from transformer.model.gpt import init_params
+    from transformer.model.kernels import auto
+
+    def model_config_of(meta):
+        return ModelConfig.from_config(config_lib.from_dict(meta["config"]))
+
+    def abstract(meta):
+        # Onto one device: the target names the placement, whatever mesh wrote it.
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shapes = jax.eval_shape(lambda: init_params(model_config_of(meta), jax.random.key(0)))
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            shapes), None
+
+    ckpts = Checkpoints(workdir, read_only=True)
     try:
-        if path.exists() and not path.is_dir():
-            raise WorkdirError(f"--workdir={workdir}: is a file, not a folder; "
-                               "give a folder path (it is created if missing)")
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except WorkdirError:
-        raise
-    except OSError as e:
-        raise WorkdirError(f"--workdir={workdir}: cannot write there ({e.strerror or e}); "
-                           "give a folder you can write to") from None
+        steps = ckpts.all_steps()
+        if check is not None and steps and (step is None or step in steps):
+            check(model_config_of(ckpts.read_meta(step)))
+        found = ckpts.restore_good(abstract, step=step)
+    finally:
+        ckpts.close()
+    # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
+    config, _ = auto.resolve(config_lib.from_dict(found.meta["config"]))
+    return LoadedRun(found.step, config, ModelConfig.from_config(config), found.params,
+                     tokenizers.from_json(found.meta["tokenizer"]), found.meta)

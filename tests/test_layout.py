@@ -1,0 +1,177 @@
+"""The folder layout is the architecture: which room may import which, and no cycles.
+
+Each room of `transformer/` (a subpackage) may import only the rooms below it; the root
+modules (`cli`, `checkpoint`) are shared by several rooms and import only what is below
+them. Nothing imports `tools/` or the package's `__main__`, and nothing in the package
+imports the command lines (train.py, sample.py). Imports inside functions count too: a lazy
+import is still a dependence. The checker reads source text only (AST), so a planted wrong
+import is caught without running anything (test below).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "transformer"
+
+# room -> the rooms it may import (itself always). A DAG: the order below is bottom-up.
+ALLOWED = {
+    "config": set(),
+    "model": {"config"},
+    "data": {"config"},
+    "parallel": {"config", "model"},
+    "generate": {"config", "model", "parallel", "data"},
+    "checkpoint": {"config", "model", "parallel", "data"},
+    "cli": set(),
+    "hf": {"config", "model", "data", "checkpoint", "cli"},
+    "train": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf"},
+    "scaling": {"config", "model", "data", "parallel", "checkpoint", "train", "cli"},
+    "tools": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf", "train",
+              "scaling", "cli"},
+    "__main__": set(),  # runs commands by module name (runpy), imports none
+}
+ROOT_MODULES_AT_MOST = 6
+
+
+def room_of(module: str) -> str:
+    """'transformer.model.kernels.dense' -> 'model'; 'transformer.cli' -> 'cli'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(module: str, source: str) -> list[tuple[str, int]]:
+    """(imported transformer module, line) for every import in `source`, top level or not."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("transformer")]
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{module}:{node.lineno}: the package uses absolute imports"
+            name = node.module or ""
+            if not name.startswith("transformer"):
+                continue
+            for a in node.names:  # a name or a submodule: callers try both
+                out.append((f"{name}.{a.name}", node.lineno))
+    return out
+
+
+def violations(sources: dict[str, str]) -> list[str]:
+    """Every import that crosses a room boundary the wrong way, as 'module:line -> target'."""
+    bad = []
+    for module, source in sources.items():
+        here = room_of(module)
+        for target, line in imports_of(module, source):
+            there = room_of(target)
+            if not there or there == here:
+                continue
+            if here not in ALLOWED:
+                bad.append(f"{module}: not in a known room (add it to ALLOWED)")
+            elif there not in ALLOWED[here]:
+                bad.append(f"{module}:{line} imports {target} ({here} may not import {there})")
+    return bad
+
+
+def cycles(sources: dict[str, str], top_level_only: bool) -> list[list[str]]:
+    """Import cycles between modules (top-level imports: what runs at import time)."""
+    graph = {}
+    for module, source in sources.items():
+        tree = ast.parse(source)
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        targets = set()
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target, _ in imports_of(module, ast.unparse(node)):
+                    for candidate in (target, target.rsplit(".", 1)[0]):
+                        # A package's own __init__ is loaded before its submodules anyway.
+                        if module.startswith(candidate + "."):
+                            break
+                        if candidate in sources and candidate != module:
+                            targets.add(candidate)
+                            break
+        graph[module] = targets
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def package_sources() -> dict[str, str]:
+    return {module_name(p): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+SOURCES = package_sources()
+
+
+def test_every_module_sits_in_a_room_and_the_root_is_small():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= ROOT_MODULES_AT_MOST, root
+    rooms = {room_of(m) for m in SOURCES} - {""}
+    assert rooms <= set(ALLOWED), rooms - set(ALLOWED)
+    for room in rooms - {"cli", "checkpoint", "__main__"}:
+        doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"{room}/__init__.py: say what it holds and may import"
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    assert not violations(SOURCES), "\n".join(violations(SOURCES))
+
+
+def test_nothing_imports_the_tools_or_the_command_lines():
+    for module, source in SOURCES.items():
+        for target, line in imports_of(module, source):
+            if room_of(module) != "tools":
+                assert room_of(target) not in ("tools", "__main__"), f"{module}:{line} {target}"
+        tree = ast.parse(source)
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not names & {"train", "sample"}, f"{module} imports a command line"
+
+
+@pytest.mark.parametrize("top_level_only", [True, False], ids=["import-time", "any"])
+def test_no_import_cycles(top_level_only):
+    assert not cycles(SOURCES, top_level_only)
+
+
+@pytest.mark.parametrize("module,planted", [
+    ("transformer.model.gpt", "from transformer.train import loop"),
+    ("transformer.model.attention", "from transformer.data import corpus"),
+    ("transformer.data.batches", "from transformer.model.gpt import GPT"),
+    ("transformer.config.schema", "from transformer.model.kernels import auto"),
+    ("transformer.train.run", "from transformer.tools import bench"),
+    ("transformer.generate.decode", "import transformer.scaling.fit"),
+])
+def test_a_planted_wrong_import_is_caught(module, planted):
+    """The checker works: the same sources with one wrong import (inside a function, where a
+    lazy import would hide) fail it."""
+    assert not violations(SOURCES)
+    planted_sources = dict(SOURCES)
+    planted_sources[module] += f"\n\ndef _planted():\n    {planted}\n"
+    assert any(v.startswith(module) for v in violations(planted_sources))
+
+
+def test_a_planted_cycle_is_caught():
+    planted = dict(SOURCES)
+    planted["transformer.model.flops"] = "from transformer.model import sizes\n" + \
+        planted["transformer.model.flops"]
+    assert cycles(planted, top_level_only=True)
