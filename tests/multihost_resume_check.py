@@ -16,10 +16,10 @@ import jax
 def main(workdir, port, process_id):
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=process_id)
+    from transformer import checkpoint
     from transformer import config as config_lib
     from transformer.parallel import sharding
-    from transformer import checkpoint
-from transformer.train import start
+    from transformer.train import start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     newest, saved = ckpts.all_steps()[-1], ckpts.read_meta()["config"]

@@ -85,9 +85,9 @@ def final_state(workdir):
     """(step, leaves of params and optimizer state as numpy) of the newest checkpoint."""
     import jax
 
-    from transformer import config as config_lib
     from transformer import checkpoint
-from transformer.train import start
+    from transformer import config as config_lib
+    from transformer.train import start
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(
