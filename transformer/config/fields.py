@@ -6,7 +6,7 @@ fails when a field is declared incompletely or named somewhere it is not declare
 
 The type of a field is the type of its default (an int is accepted where a float is declared).
 `choices` lists the allowed values; `check` returns what is wrong with a value (a fix, as
-"must be ...") or None. Checks that involve several fields live in `config.py`.
+"must be ...") or None. Checks that involve several fields live in `config/schema.py`.
 
 Resume rules (what a changed value means for a run continuing from a checkpoint):
     FREE    changes only what is logged, evaluated, saved, sampled, where the state lives or
@@ -31,7 +31,7 @@ MLPS = ("relu", "gelu", "swiglu")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
-# The matmul kernels a model can run; "auto" is resolved per machine (matmul_auto.py) before
+# The matmul kernels a model can run; "auto" is resolved per machine (model/kernels/auto.py) before
 # a model is built. The kernels themselves are in kernels/
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
 MATMUL = ("auto", *MATMUL_MODES)
@@ -185,7 +185,7 @@ _MESH = [
     _f("mesh.tensor", 1, "heads, MLP width and vocabulary split", FREE, check=_mesh_size),
 ] + [
     # Logical axis -> mesh axes ("a,b"; "" = not split). Parameters and activations name
-    # logical axes (model.py, kvcache.py); this table alone decides where they live.
+    # logical axes (model/gpt.py, kvcache.py); this table alone decides where they live.
     _f(f"mesh.rules.{axis}", rule, f"mesh axes the logical axis {axis!r} is split over", FREE,
        check=_mesh_rule)
     for axis, rule in (("batch", "data,fsdp"), ("length", ""), ("embed", "fsdp"),

@@ -8,7 +8,7 @@
 
 Writes config.json, model.safetensors (float32, written from NumPy: torch is not needed),
 tokenizer.json and tokenizer_config.json. Which of our variants map onto which architecture,
-and why the others are refused, is in hf.py and docs/huggingface.md. Every check runs before
+and why the others are refused, is in hf/mapping.py and docs/huggingface.md. Every check runs before
 the output folder is created: a refused export writes nothing.
 """
 

@@ -7,7 +7,7 @@
     flops.param_counts(c)["total"]       # 174.6e9: GPT-3
     flops.train_flops_per_token(c)       # 6 N + the attention term
 
-The counts follow `model.py` layer by layer (D d_model, K head dim, H query heads, G key/value
+The counts follow `model/gpt.py` layer by layer (D d_model, K head dim, H query heads, G key/value
 heads, F MLP width, V vocabulary, T context, L layers):
     token embedding  V·D            position embedding  T·D (none with RoPE)
     attention        Q: D·H·K + H·K   K, V: D·G·K + G·K each   O: H·K·D + D

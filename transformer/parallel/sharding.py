@@ -1,6 +1,6 @@
 """The device mesh, the logical-axis rules, and the shardings of state, batch and KV cache.
 
-Modules only name their axes (`embed`, `heads`, `mlp`, ...; see model.py and kvcache.py).
+Modules only name their axes (`embed`, `heads`, `mlp`, ...; see model/gpt.py and kvcache.py).
 This file maps those names onto a mesh of devices with three axes:
 
     data    the batch is split across it; parameters are copied          (data parallel)

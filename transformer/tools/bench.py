@@ -59,7 +59,7 @@ from transformer.tools.bench_figures import (
 from transformer.train import metrics, start
 from transformer.train import trainer as training
 
-_HERE = Path(__file__).resolve().parent.parent
+_HERE = Path(__file__).resolve().parents[2]  # the checkout: transformer/tools/ -> .
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(_HERE / "configs" / "bench.py"), "A config file (Python, get_config()).",
     lock_config=True)

@@ -28,7 +28,7 @@ from absl import flags
 
 from transformer import cli
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout: transformer/tools/ -> .
 _BENCH_CONFIG = flags.DEFINE_string(
     "bench_config", "", "Config file for the bench line (default: configs/gpt2_small.py on a "
     "GPU/TPU, configs/tiny.py with a few short rounds on a CPU).")

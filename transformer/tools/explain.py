@@ -7,7 +7,7 @@
 Prints, for one head: Q, K, V → scores Q Kᵀ → ÷ √d_k → causal mask → softmax →
 weights · V. The model runs as it trains (on CPU by default with bfloat16 matmul inputs and
 float32 accumulation, `kernels.compute_dtype`). Q, K and V are the ones the model computed
-(sown by model.py); the weights and the output come from the project's own
+(sown by model/gpt.py); the weights and the output come from the project's own
 `attention.dot_product_attention` in the model's compute dtype, and the model's own sown
 weights are compared too; every step is then recomputed in plain NumPy (float64, with the
 matmul inputs rounded to the compute dtype as the model rounds them), and the largest
@@ -138,7 +138,7 @@ def report(ref: dict, ours: dict, labels: list[str], layer: int, head: int,
                 ref["weights"], rows, labels),
         _matrix("8. output = weights V: each row a weighted average of the rows of V",
                 ref["out"], rows, dims),
-        "The heads' outputs are then concatenated and multiplied by W_O (model.py).",
+        "The heads' outputs are then concatenated and multiplied by W_O (model/gpt.py).",
         f"check: attention.dot_product_attention and the model's sown weights vs this NumPy "
         f"arithmetic: max |difference| = {difference:.2e} "
         f"(tolerance {TOLERANCE:.0e})",

@@ -106,7 +106,7 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
              f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
              f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
     counted, real = flops.param_counts(model_config)["total"], count_params(params)
-    if counted != real:  # flops.py fell behind model.py; tests/test_flops.py should catch it
+    if counted != real:  # flops.py fell behind model/gpt.py; tests/test_flops.py should catch it
         lines.append(f"warning: flops.py counts {counted:,} params, the model has {real:,}")
     tokens_per_step = t.batch_size * config.model.max_seq_len
     total_tokens = tokens_per_step * t.steps
