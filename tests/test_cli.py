@@ -25,6 +25,9 @@ def test_train_writes_checkpoints_metrics_and_prints_a_sample(trained):
     train_lines = [m for m in lines if "train_loss" in m]
     assert [m["step"] for m in train_lines] == [10, 20]
     assert all(m["tokens_per_s"] > 0 for m in train_lines)
+    # the learning rate of each logged step: tiny's lr 3e-3 at the end of its 10-step warmup,
+    # exactly lr·min_lr_ratio (default 0.1) at the last step
+    assert [m["lr"] for m in train_lines] == pytest.approx([3e-3, 3e-4], rel=1e-6)
     assert [m["step"] for m in lines if "val_loss" in m] == [10, 20]
     assert "--- sample" in result.stdout and "params:" in result.stdout
 
