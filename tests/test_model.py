@@ -92,3 +92,26 @@ def test_bfloat16_compute_keeps_float32_logits(tiny_config, tiny_params):
     logits = _logits(bf16, tiny_params, tokens)
     assert logits.dtype == jnp.float32
     np.testing.assert_allclose(logits, _logits(tiny_config, tiny_params, tokens), atol=0.1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bfloat16_logits_are_summed_in_float32(tiny_config, tied):
+    """With model.dtype=bfloat16 the head multiplies bfloat16 inputs, but its sums are float32
+    and so are the logits: they equal a float64 product of the same bfloat16-rounded inputs
+    far below bfloat16's spacing (2^-8 relative: what a head that returned bfloat16 rounds
+    to before the cast; it misses this tolerance by ~30x)."""
+    config = dataclasses.replace(tiny_config, dtype="bfloat16", tie_embeddings=tied)
+    params = init_params(config, jax.random.key(3))
+    params = jax.tree.map(lambda x: x * 8, params)  # logits of a few units, not ~0.01
+    tokens = jax.random.randint(jax.random.key(5), (2, 16), 0, config.vocab_size)
+    logits, seen = GPT(config).apply({"params": params}, tokens, capture_intermediates=True,
+                                     mutable=["intermediates"])
+    h_BTD = seen["intermediates"]["ln_final"]["__call__"][0]  # the head's input (it rounds)
+    w_DV = params["embed"]["embedding"].T if tied else params["head"]["kernel"]
+    as64 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)  # noqa: E731
+    reference = np.einsum("btd,dv->btv", as64(h_BTD), as64(w_DV))
+    assert logits.dtype == jnp.float32
+    scale = np.abs(reference).max()
+    assert scale > 1.0
+    np.testing.assert_allclose(np.asarray(logits, np.float64), reference,
+                               atol=scale * 2.0 ** -8 / 30)
