@@ -248,3 +248,41 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
     assert fits["modern"]["L(N)"]["E"] == pytest.approx(1.9, abs=0.02)
     assert fits["gpt2"]["L(N)"]["E"] == pytest.approx(2.0, abs=0.02)
     assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)
+
+
+class _Killed(BaseException):
+    """What a SIGKILL mid-write leaves: the bytes written so far, nothing after."""
+
+
+def test_a_kill_mid_write_leaves_sweep_state_whole(tmp_path, monkeypatch):
+    """sweep.json and a member's result.json, rewritten while the process dies half way
+    through the write, still read as the complete old file (a torn one breaks the sweep's
+    resume and its report). Training is stubbed: only the bookkeeping runs."""
+    from transformer.data import tokenizers
+    from transformer.scaling.sweep import ladder, sweep_config
+    monkeypatch.setattr("transformer.train.run.train", lambda config, workdir, **k: (
+        Path(workdir).mkdir(parents=True, exist_ok=True), tokenizers.ByteTokenizer()))
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.train.update(batch_size=4)
+    base.sample.max_new_tokens = 10
+    sweep = sweep_config(base, ladder([1], aspect=16, head_dim=16), "tokens", [1000])
+    scaling.run(sweep, tmp_path, log=lambda s: None, progress=False)
+    member = scaling.members(sweep)[0].name
+    result = tmp_path / member / "result.json"
+    old = {"sweep.json": json.loads((tmp_path / "sweep.json").read_text()),
+           "result.json": {**json.loads(result.read_text()), "steps": -1}}  # so it reruns
+    result.write_text(json.dumps(old["result.json"]))
+    real_write = Path.write_text
+    for torn in ("sweep.json", "result.json"):
+        def dies_half_way(path, text, *args, torn=torn, **kwargs):
+            if torn in path.name:
+                real_write(path, text[:len(text) // 2], *args, **kwargs)
+                raise _Killed
+            return real_write(path, text, *args, **kwargs)
+        monkeypatch.setattr(Path, "write_text", dies_half_way)
+        with pytest.raises(_Killed):
+            scaling.run(sweep, tmp_path, log=lambda s: None, progress=False)
+        monkeypatch.setattr(Path, "write_text", real_write)
+        assert json.loads((tmp_path / member / torn if torn == "result.json"
+                           else tmp_path / torn).read_text()) == old[torn], torn

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -153,7 +155,7 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "sweep.json").write_text(json.dumps(
+    write_atomic(workdir / "sweep.json", json.dumps(
         {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
         indent=1))
     chosen = all_members if index is None else [all_members[index]]
@@ -171,7 +173,7 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         wall_s = time.perf_counter() - started
         model = ModelConfig.from_config(resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
-        (run_dir / "result.json").write_text(json.dumps(dict(
+        write_atomic(run_dir / "result.json", json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,
             n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
             tokens=m.tokens, params_total=counts["total"],
@@ -185,6 +187,15 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
 def _sweep_of(workdir):
     """The sweep config saved with the runs (its sizes define the ladder), or None."""
     return (_read_json(Path(workdir) / "sweep.json") or {}).get("sweep")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes `text` to `path` so that a reader (or a kill mid-write) sees the old file or the
+    new one, never half of it: a temporary file beside it, then os.replace. The name carries
+    the process id: members of one sweep may run in parallel (--index)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _read_json(path: Path):
@@ -297,10 +308,11 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     expected = (_read_json(workdir / "sweep.json") or {}).get("members", [])
     missing = sorted(set(expected) - {r["name"] for r in rows})
 
-    with (workdir / "report.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(workdir / "report.csv", table.getvalue())
     lines = [markdown_table(rows)]
     ok = best_per_size([r for r in rows if math.isfinite(r["val_loss"])])
     fitted = {r["group"] for r in ok}
@@ -316,10 +328,10 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     if len(groups) > 1:
         lines += ["", *gap_table(ok, groups)]
     fits = by_group[groups[0]] if len(groups) == 1 else by_group
-    (workdir / "fit.json").write_text(json.dumps(fits, indent=1, default=float))
+    write_atomic(workdir / "fit.json", json.dumps(fits, indent=1, default=float))
     if missing:
         lines.append(f"not finished yet: {', '.join(missing)}")
-    (workdir / "report.md").write_text("\n".join(lines) + "\n")
+    write_atomic(workdir / "report.md", "\n".join(lines) + "\n")
     lines.append("wrote " + ", ".join(str(p) for p in [workdir / "report.csv",
                                                          workdir / "report.md",
                                                          workdir / "fit.json",
