@@ -115,3 +115,33 @@ def test_bfloat16_logits_are_summed_in_float32(tiny_config, tied):
     assert scale > 1.0
     np.testing.assert_allclose(np.asarray(logits, np.float64), reference,
                                atol=scale * 2.0 ** -8 / 30)
+
+
+def test_gpt2_initialisation_scales():
+    """GPT-2's initialisation (Radford et al. 2019; nanoGPT): N(0, 0.02) for the token
+    embedding, the head and every projection into the residual stream's reading side;
+    N(0, 0.01) for learned positions; N(0, 0.02/√(2L)) for the two projections that write
+    into the residual stream (attention out, MLP project); biases 0, norm gains 1. Sample
+    standard deviations of 8k-200k draws sit within 3% of these."""
+    from transformer.model.gpt import ModelConfig
+    L = 4
+    config = ModelConfig(vocab_size=512, d_model=128, n_layers=L, n_heads=4, d_ff=512,
+                         max_seq_len=64, matmul="plain", tie_embeddings=False)
+    params = init_params(config, jax.random.key(0))
+    residual = 0.02 / (2 * L) ** 0.5
+    expected = {"embed": 0.02, "pos_embed": 0.01, "head": 0.02, "query": 0.02, "key": 0.02,
+                "value": 0.02, "expand": 0.02, "out": residual, "project": residual}
+    seen = set()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        names = [str(getattr(p, "key", p)) for p in path]
+        x = np.asarray(leaf, np.float64)
+        if names[-1] == "bias":
+            assert np.all(x == 0), names
+        elif names[-1] == "scale":
+            assert np.all(x == 1), names
+        else:
+            owner = names[-2] if names[-1] in ("kernel", "embedding") else names[-1]
+            std = expected[owner]
+            assert abs(x.mean()) < 0.05 * std and x.std() == pytest.approx(std, rel=0.03), names
+            seen.add(owner)
+    assert seen == set(expected)
