@@ -23,6 +23,7 @@ import jax
 
 from transformer import config as config_lib
 from transformer import data
+from transformer.config import resume
 from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
 from transformer.train import checkpoint
@@ -60,6 +61,9 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         if plan.found:
             metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
             log(f"resuming from step {plan.found.step}")
+            changed = resume.computing_differently(plan.changes)
+            if changed:
+                log(changed)
         log(summary(plan.config, state.params, plan.tokenizer,
                     data.corpus.describe(plan.config.data.corpus)))
         log(matmul_auto.describe(matmul))

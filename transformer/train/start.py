@@ -39,6 +39,7 @@ class Plan:
     source: Any                       # the batches (data.load)
     found: checkpoint.Restored | None  # the checkpoint to continue from
     damaged: list[int]                # steps to move aside before saving again
+    changes: dict = dataclasses.field(default_factory=dict)  # vs the checkpoint's config
 
 
 def abstract_checkpoint(config, mesh=None):
@@ -77,10 +78,11 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
         config, saved_tokenizer = hf_import.prepare(config)
     tokenizer, source = data.load(config, saved_tokenizer)  # bad data fails before any write
     config = resolve(config, tokenizer)
+    diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
-    return Plan(Path(workdir), config, tokenizer, source, found, damaged)
+    return Plan(Path(workdir), config, tokenizer, source, found, damaged, diffs)
 
 
 @contextlib.contextmanager
