@@ -137,16 +137,17 @@ def test_the_jax_kernel_sows_no_weights_and_forming_weights_picks_einsum(setup):
     assert kernels.forming_weights(config) == config
 
 
-def test_decode_setup_casts_kernels_for_batches_and_keeps_one_row_float32(tiny_config,
-                                                                           tiny_params):
+def test_decode_setup_casts_kernels_and_keeps_the_mode_for_every_batch(tiny_config,
+                                                                       tiny_params):
+    """One row decodes in the mode of eight (it used to switch to fast_f32: another
+    precision, so sample 0 depended on how many samples were asked for)."""
     config = dataclasses.replace(tiny_config, matmul="fast_bf16")
-    one, params_1 = kernels.decode_setup(config, tiny_params, 1)
-    assert one.matmul == "fast_f32" and params_1 is tiny_params
-    eight, params_8 = kernels.decode_setup(config, tiny_params, 8)
-    assert eight.matmul == "fast_bf16"
-    for path, x in jax.tree_util.tree_leaves_with_path(params_8):
-        is_kernel = getattr(path[-1], "key", None) == "kernel"
-        assert x.dtype == (jnp.bfloat16 if is_kernel else jnp.float32), path
+    for batch in (1, 8):
+        same, params_b = kernels.decode_setup(config, tiny_params, batch)
+        assert same.matmul == "fast_bf16" and kernels.decode_matmul(config, batch) == "fast_bf16"
+        for path, x in jax.tree_util.tree_leaves_with_path(params_b):
+            is_kernel = getattr(path[-1], "key", None) == "kernel"
+            assert x.dtype == (jnp.bfloat16 if is_kernel else jnp.float32), path
     for mode in ("plain", "fast_f32"):
         same = dataclasses.replace(tiny_config, matmul=mode)
         assert kernels.decode_setup(same, tiny_params, 8) == (same, tiny_params)

@@ -120,15 +120,14 @@ def decode_setup(config, params, batch: int):
     """(config, params) for a decode loop over `batch` rows.
 
     In `fast_bf16` mode the dense kernels are cast to bfloat16 once, before the token loop
-    (each step would otherwise read the float32 weights and write bf16 copies). A single row
-    keeps float32 weights (`fast_f32`): decoding one row is bound by reading the weights, and
-    XLA-CPU's float32 matrix-vector product beat its bfloat16 one, so one row decodes faster
-    and more precisely.
+    (each step would otherwise read the float32 weights and write bf16 copies). Every batch
+    size keeps the mode it was given: a single row in `fast_f32` would be a little faster on
+    XLA-CPU (bound by reading the weights, and its float32 matrix-vector product beat the
+    bfloat16 one), but then sample 0 of `--num_samples=1` would be computed in another
+    precision than sample 0 of `--num_samples=2`, and differ from it.
     """
     if config.matmul != "fast_bf16":
         return config, params
-    if batch == 1:
-        return dataclasses.replace(config, matmul="fast_f32"), params
     return config, jax.tree_util.tree_map_with_path(
         lambda path, x: x.astype(jnp.bfloat16) if getattr(path[-1], "key", None) == "kernel"
         else x, params)
