@@ -283,10 +283,10 @@ def _fits(ok) -> dict:
 def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
     from transformer.scaling import isoflop
     runs = isoflop.runs_of(ok)
-    fits = isoflop.fit_all(runs, n_boot)
+    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir))
     lines = ["", *isoflop.describe(fits)]
     if fits["a3"] is not None:
-        largest = max(r["C"] for r in runs)
+        largest = max(r["budget"] for r in runs)
         lines += ["", *isoflop.prediction_lines(fits, largest, _sweep_of(workdir))]
     if holdout:
         lines += ["", *isoflop.holdout_lines(runs, holdout, n_boot)]
@@ -370,7 +370,7 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--predict: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
-    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot)
+    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir))
     log("\n".join(isoflop.prediction_lines(fits, flops_budget, _sweep_of(workdir))))
     return isoflop.optimum(fits, flops_budget)
 
