@@ -5,6 +5,7 @@
     python -m transformer scaling --workdir=runs/ladder --report
     python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop --predict --flops=1e15
+    python -m transformer scaling --workdir=runs/isoflop --verify     # train the prediction
 
 A sweep config (see `configs/scaling/`) holds a base training config, a list of sizes (from
 `ladder`, one sizing rule) and a budget per run:
@@ -433,7 +434,11 @@ def _main():
     no_progress = flags.DEFINE_bool("no_progress", False, "Hide the progress bars.")
     predict_flag = flags.DEFINE_bool("predict", False, "Print the compute-optimal N, D and "
                                      "loss at --flops from the IsoFLOP runs in --workdir.")
-    flops_flag = flags.DEFINE_float("flops", None, "The training budget for --predict.")
+    flops_flag = flags.DEFINE_float("flops", None, "The training budget for --predict (and "
+                                    "--verify: default 4x the sweep's largest).")
+    verify_flag = flags.DEFINE_bool("verify", False, "Train the compute-optimal run the "
+                                    "IsoFLOP fits predict at --flops (default 4x the largest "
+                                    "budget) and print measured vs predicted loss.")
     holdout_flag = flags.DEFINE_string("holdout", None, "With --report: 'largest' refits "
                                        "without the largest budget and checks its runs.")
     boot_flag = flags.DEFINE_integer("bootstrap", 100, "Bootstrap resamples per interval.")
@@ -443,6 +448,13 @@ def _main():
             cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
         if not workdir_flag.value:
             cli.fail("--workdir=PATH is required")
+        if verify_flag.value:
+            if flops_flag.value is not None and flops_flag.value <= 0:
+                cli.fail("--verify --flops=C: the budget must be positive")
+            from transformer.scaling import verify
+            verify.verify(workdir_flag.value, flops_flag.value, n_boot=boot_flag.value,
+                          progress=not no_progress.value)
+            return
         if predict_flag.value:
             if not flops_flag.value or flops_flag.value <= 0:
                 cli.fail("--predict needs --flops=C, a positive budget, e.g. --flops=1e15")
