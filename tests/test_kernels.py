@@ -14,7 +14,7 @@ import pytest
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.generate import decode
 from transformer.model import kernels
-from transformer.model.gpt import GPT
+from transformer.model.gpt import GPT, init_params
 from transformer.model.kernels import dense
 from transformer.train import trainer as training
 
@@ -176,3 +176,33 @@ def test_model_and_decoder_leave_the_matmuls_to_the_seam(name):
                 for alias in node.names} | {node.module for node in ast.walk(tree)
                                             if isinstance(node, ast.ImportFrom)}
     assert not imported & {"dense", "attention_vjp", "transformer.model.kernels"}
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_the_jax_kernel_trains_with_is_causal_not_a_dense_mask(window, monkeypatch):
+    """attention_kernel=jax (and cudnn, the same call with cuDNN) is told the mask is causal,
+    with the sliding window as local_window_size, instead of given a [B, H, T, T] mask (which
+    cuDNN turns into a bias it reads through its slower kernel); the logits still equal the
+    einsum reference's."""
+    calls = []
+    real = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    config = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                         max_seq_len=16, matmul="plain", attention_kernel="jax",
+                         sliding_window=window)
+    params = init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+    calls.clear()  # init's
+    logits = GPT(config).apply({"params": params}, tokens)
+    assert len(calls) == 2  # one per layer
+    for kwargs in calls:
+        assert kwargs.get("mask") is None and kwargs.get("bias") is None and kwargs["is_causal"]
+        assert kwargs["local_window_size"] == ((window - 1, 0) if window else None)
+    reference = GPT(dataclasses.replace(config, attention_kernel="einsum")).apply(
+        {"params": params}, tokens)
+    np.testing.assert_allclose(logits, reference, atol=1e-5)

@@ -74,11 +74,19 @@ def _flax_dense(features, axis=-1, **kwargs) -> nn.Module:
 def _attention(config) -> tuple[Callable, Callable]:
     """(self_attention, cached_attention)."""
     if config.attention_kernel in ("jax", "cudnn"):
-        def jax_kernel(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
-            return attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS,
-                                           implementation), None
         fused = "cudnn" if config.attention_kernel == "cudnn" else None
-        return functools.partial(jax_kernel, implementation=fused), jax_kernel
+
+        def causal_kernel(q_BHTK, k_BGTK, v_BGTK, mask_11TT):
+            # Training and scoring: the mask is the model's causal one (causal_mask(T, w)),
+            # so the kernel is told so instead of reading it (no dense mask, no bias).
+            del mask_11TT
+            return attention.jax_causal_attention(q_BHTK, k_BGTK, v_BGTK,
+                                                  config.sliding_window, fused), None
+
+        def cached_kernel(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
+            # Decoding: queries against a partly filled (or ring) cache need the explicit mask.
+            return attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS), None
+        return causal_kernel, cached_kernel
     if config.matmul == "plain":
         return attention.causal_attention, attention.dot_product_attention
     # Decoding reads the cache with the forward pass only: no backward pass to replace.
