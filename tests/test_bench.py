@@ -41,6 +41,17 @@ def test_peak_comes_from_the_table_on_accelerators_and_is_measured_on_cpu():
     class FakeGPU:
         platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
     assert metrics.peak_flops("bfloat16", FakeGPU()) == (989e12, "datasheet (H100)")
+    # float32 matmuls run as TF32 at jax's default precision: that is the peak, not 67e12
+    # (conftest asks for "highest" on a real GPU: the default is set here explicitly)
+
+    class FakeTPU:
+        platform, device_kind = "tpu", "TPU v4"
+    with jax.default_matmul_precision("default"):
+        peak, source = metrics.peak_flops("float32", FakeGPU())
+        assert peak == 494.7e12 and "tf32" in source
+        assert metrics.peak_flops("float32", FakeTPU())[0] == 275e12  # one bfloat16 pass
+    with jax.default_matmul_precision("highest"):
+        assert metrics.peak_flops("float32", FakeGPU()) == (67e12, "datasheet (H100)")
     peak, source = metrics.peak_flops("float32", jax.devices("cpu")[0])
     assert 1e8 < peak < 1e14 and source.startswith("measured")
 

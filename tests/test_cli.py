@@ -25,6 +25,9 @@ def test_train_writes_checkpoints_metrics_and_prints_a_sample(trained):
     train_lines = [m for m in lines if "train_loss" in m]
     assert [m["step"] for m in train_lines] == [10, 20]
     assert all(m["tokens_per_s"] > 0 for m in train_lines)
+    # the learning rate of each logged step: tiny's lr 3e-3 at the end of its 10-step warmup,
+    # exactly lr·min_lr_ratio (default 0.1) at the last step
+    assert [m["lr"] for m in train_lines] == pytest.approx([3e-3, 3e-4], rel=1e-6)
     assert [m["step"] for m in lines if "val_loss" in m] == [10, 20]
     assert "--- sample" in result.stdout and "params:" in result.stdout
 
@@ -63,8 +66,21 @@ def test_second_train_resumes_at_the_saved_step(trained, tmp_path):
                      "--no_progress", "--allow_change=train.steps")
     assert result.returncode == 0, result.stderr
     assert "resuming from step 20" in result.stdout
+    assert "computes differently from how it started: train.steps: 20 -> 30" in result.stdout
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "train_loss" in m] == [10, 20, 30]
+
+
+def test_resuming_in_another_precision_must_be_allowed(trained):
+    """The run trained in the matmul mode auto picked here; the other precision (fast_f32 <->
+    fast_bf16) computes other numbers, so resuming under it is refused, naming the field."""
+    workdir, _ = trained
+    first = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[0])
+    other = "fast_f32" if first["matmul"] == "fast_bf16" else "fast_bf16"
+    result = run_cli("train.py", *TINY, "--config.train.steps=30", "--allow_change=train.steps",
+                     f"--workdir={workdir}", f"--config.model.matmul={other}")
+    assert result.returncode == 2 and "--allow_change=model.matmul" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("script,args,words", [

@@ -176,6 +176,23 @@ def test_the_first_tokens_do_not_depend_on_how_many_are_asked_for(tiny_config, t
     assert len(long[0]) == 600 and short[0][:50] == long[0][:50]
 
 
+def test_sample_b_of_a_seed_does_not_depend_on_how_many_decode_with_it(tiny_config,
+                                                                       tiny_params):
+    """Row b's tokens come from keys of (seed, b, step) and from the same arithmetic at every
+    batch size (fast_bf16, what auto picks on a CPU with bf16 units: one row once switched to
+    fast_f32), so sample 0 is the same text at --num_samples=1, 2 and 3, and sample 1 at 2
+    and 3; different rows still draw different text."""
+    config = dataclasses.replace(tiny_config, matmul="fast_bf16")
+    # Weights x4: logits of a few units, where bfloat16's rounding (~0.01) moves draws that
+    # the near-uniform logits of a fresh model would not show.
+    params = jax.tree.map(lambda x: x * 4, tiny_params)
+    kwargs = dict(max_new_tokens=200, temperature=1.0, seed=7)
+    runs = {n: decode.generate(config, params, [[1, 2, 3]] * n, **kwargs) for n in (1, 2, 3)}
+    assert runs[1][0] == runs[2][0] == runs[3][0]
+    assert runs[2][1] == runs[3][1]
+    assert runs[3][0] != runs[3][1] != runs[3][2]
+
+
 def test_generation_stops_in_the_loop_at_the_end_token(tiny_config, tiny_params):
     """The end token is a later token (not the first), in one row of two: that row ends
     there, the other runs on; with a single row the loop itself stops (no more steps)."""

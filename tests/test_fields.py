@@ -90,8 +90,24 @@ def test_derived_values_come_back_in_a_new_config():
     assert sizes.model_config_of(config).vocab_size == 256 and config.model.vocab_size == 0
 
 
-def test_matmul_may_change_on_resume():
-    """auto may pick another mode on another machine; the parameters are the same."""
-    resume.check({"model.matmul": ("fast_bf16", "fast_f32")}, allowed=(), workdir="runs/x")
+def test_resume_rules_follow_the_numerics():
+    """fast_bf16 rounds matmul inputs to bfloat16: switching to or from it changes what a
+    resumed run computes, so it must be allowed and is reported; plain and fast_f32 are the
+    same float32 arithmetic, and remat recomputes the same values: both change freely."""
+    def diffs(field, old, new):
+        section, key = field.split(".")
+        return resume.differences({section: {key: old}}, {section: {key: new}})
+
+    for old, new in (("fast_bf16", "fast_f32"), ("fast_f32", "fast_bf16"), ("plain", "fast_bf16")):
+        changed = diffs("model.matmul", old, new)
+        with pytest.raises(config_lib.ConfigError, match="allow_change=model.matmul"):
+            resume.check(changed, allowed=(), workdir="runs/x")
+        resume.check(changed, allowed={"model.matmul"}, workdir="runs/x")
+        assert "computes differently" in resume.computing_differently(changed)
+    assert diffs("model.matmul", "plain", "fast_f32") == {}
+    for old, new in (("none", "block"), ("block", "dots"), ("dots", "none")):
+        changed = diffs("model.remat", old, new)
+        resume.check(changed, allowed=(), workdir="runs/x")
+        assert resume.computing_differently(changed) is None
     with pytest.raises(config_lib.ConfigError, match="model.d_model"):
         resume.check({"model.d_model": (64, 32)}, allowed=(), workdir="runs/x")

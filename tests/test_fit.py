@@ -73,8 +73,8 @@ def test_approach2_on_planted_parabolas_gives_their_exponent():
 
 def test_approach3_optimum_matches_the_closed_form():
     runs = _isoflop_runs(BUDGETS)
-    cost = chinchilla.flops_per_token_law(runs)
-    assert cost[1] == pytest.approx(1.0) and cost[0] == pytest.approx(6.0)
+    cost = chinchilla.PowerLawCost(runs)  # C = 6ND here, so k N^p is exact: p = 1, k = 6
+    assert cost.p == pytest.approx(1.0) and cost.k == pytest.approx(6.0)
     n_opt, d_opt, _ = chinchilla.approach3_optimum(TRUE, 1e21, cost)
     n_true, d_true = _true_optimum(1e21)
     assert n_opt == pytest.approx(n_true, rel=1e-3)
@@ -98,3 +98,64 @@ def test_a_budget_without_a_valley_is_left_out():
     runs += [dict(C=5e20, N=N, D=1e9, loss=3.0 - 0.01 * i)  # falling: no minimum
              for i, N in enumerate((1e8, 2e8, 4e8))]
     assert 5e20 not in chinchilla.approach2(runs)["budgets"]
+
+
+def test_approach2_leaves_budgets_whose_minimum_is_outside_the_sizes_out_of_its_fit():
+    """Valleys at N_opt = 3·C^0.6 inside the sizes at three budgets, and one budget whose
+    valley lies 30x beyond its largest size: reported (inside=False), not fitted."""
+    runs = []
+    for C, beyond in ((1e10, 1), (1e11, 1), (1e12, 1), (1e13, 30)):
+        n_opt = 3 * C ** 0.6
+        for N in n_opt / beyond * np.geomspace(0.1, 10, 5):
+            runs.append(dict(C=C, N=N, D=C / (6 * N), loss=2 + 0.3 * math.log(N / n_opt) ** 2))
+    fit = chinchilla.approach2(runs)
+    assert len(fit["budgets"]) == 4 and len(fit["fitted"]) == 3
+    assert [b["inside"] for b in fit["budgets"].values()] == [True, True, True, False]
+    assert fit["a"] == pytest.approx(0.6, abs=1e-9) and fit["kN"] == pytest.approx(3.0, rel=1e-6)
+
+
+def test_prediction_uses_the_real_flop_count_of_the_ladder():
+    """A planted sweep whose cost is the real one: configs/scaling/cpu_isoflop.py's 24
+    members (2 layers, widths 8..96, BPE 1024, context 128), each trained on the tokens the
+    sweep gives it, with losses from a known L(N, D) (the CPU sweep's fitted constants). At
+    100x the largest budget the prediction equals a brute-force minimisation of the true law
+    over every width of the ladder, with D = C / (its counted training FLOPs per token), to
+    1%. (The old cost, F = k·N^p fitted to the runs, put N_opt 2.7x too high there.)"""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from transformer.config import ModelConfig
+    from transformer.model import flops
+    from transformer.model.sizes import model_config_of
+    from transformer.scaling import isoflop
+    from transformer.scaling import sweep as scaling
+    path = Path(__file__).resolve().parents[1] / "configs/scaling/cpu_isoflop.py"
+    spec = importlib.util.spec_from_file_location("cpu_isoflop", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep = module.get_config()
+    truth = dict(E=0.52, A=12.1, alpha=0.175, B=168.0, beta=0.337)
+    runs = []
+    for m in scaling.members(sweep):
+        model = model_config_of(m.config)
+        N, D = flops.param_counts(model)["non_embedding"], m.tokens
+        runs.append(dict(C=flops.train_flops_per_token(model) * D, budget=m.value, N=N, D=D,
+                         loss=float(chinchilla.loss_nd(truth, N, D)), name=m.name))
+    fits = isoflop.fit_all(runs, n_boot=0, sweep=json.loads(sweep.to_json()))
+    C = 100 * max(sweep.budgets)
+    n_opt, d_opt, loss = chinchilla.approach3_optimum(fits["a3"], C, fits["cost"])
+
+    best = None
+    for width in range(4, 2049):  # every width: the FLOPs do not depend on the head count
+        model = ModelConfig(vocab_size=1024, d_model=width, n_layers=2, n_heads=1,
+                            d_ff=4 * width, max_seq_len=128, matmul="plain")
+        N = flops.param_counts(model)["non_embedding"]
+        D = C / flops.train_flops_per_token(model)
+        L = float(chinchilla.loss_nd(truth, N, D))
+        if best is None or L < best[2]:
+            best = (N, D, L)
+    assert n_opt == pytest.approx(best[0], rel=0.01)
+    assert d_opt == pytest.approx(best[1], rel=0.01)
+    assert loss == pytest.approx(best[2], rel=1e-4)
+    assert fits["a2"] is not None and len(fits["a2"]["fitted"]) == 3

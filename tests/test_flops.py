@@ -91,3 +91,34 @@ def test_sizes_text_and_errors():
     missing = subprocess.run([sys.executable, "-m", "transformer", "sizes"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and missing.stderr.startswith("error: --config")
+
+
+@pytest.mark.parametrize("mlp,kv_heads", [("gelu", 0), ("swiglu", 2)])
+def test_remat_dots_keeps_the_projection_outputs_jax_saves(mlp, kv_heads):
+    """remat=dots keeps, per layer and token, the outputs of Q (H·K), K and V (G·K each),
+    W_O (D) and the MLP's expansion (F; SwiGLU: gate too) on top of what remat=block keeps:
+    a hand count, and the bytes JAX itself saves for the backward pass (when its
+    saved_residuals is importable)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from transformer.model.gpt import GPT
+    base = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256,
+                       max_seq_len=64, matmul="plain", mlp=mlp, n_kv_heads=kv_heads)
+    F = base.mlp_hidden
+    per_token = 4 * 16 + 2 * base.kv_heads * 16 + 64 + (2 if mlp == "swiglu" else 1) * F
+    extra = {r: flops.activation_bytes(base, 8, remat=r) for r in ("block", "dots")}
+    assert extra["dots"] - extra["block"] == 2 * 8 * 64 * per_token * 4  # L·B·T·kept·f32
+    try:
+        from jax._src.ad_checkpoint import saved_residuals
+    except ImportError:
+        return
+    params, tokens = init_params(base, jax.random.key(0)), jnp.zeros((8, 64), jnp.int32)
+    saved = {}
+    for remat in ("block", "dots"):
+        c = dataclasses.replace(base, remat=remat)
+        res = saved_residuals(lambda p, c=c: GPT(c).apply({"params": p}, tokens).sum(), params)
+        saved[remat] = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
+    assert saved["dots"] - saved["block"] == extra["dots"] - extra["block"]

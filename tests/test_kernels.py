@@ -14,7 +14,7 @@ import pytest
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.generate import decode
 from transformer.model import kernels
-from transformer.model.gpt import GPT
+from transformer.model.gpt import GPT, init_params
 from transformer.model.kernels import dense
 from transformer.train import trainer as training
 
@@ -137,16 +137,17 @@ def test_the_jax_kernel_sows_no_weights_and_forming_weights_picks_einsum(setup):
     assert kernels.forming_weights(config) == config
 
 
-def test_decode_setup_casts_kernels_for_batches_and_keeps_one_row_float32(tiny_config,
-                                                                           tiny_params):
+def test_decode_setup_casts_kernels_and_keeps_the_mode_for_every_batch(tiny_config,
+                                                                       tiny_params):
+    """One row decodes in the mode of eight (it used to switch to fast_f32: another
+    precision, so sample 0 depended on how many samples were asked for)."""
     config = dataclasses.replace(tiny_config, matmul="fast_bf16")
-    one, params_1 = kernels.decode_setup(config, tiny_params, 1)
-    assert one.matmul == "fast_f32" and params_1 is tiny_params
-    eight, params_8 = kernels.decode_setup(config, tiny_params, 8)
-    assert eight.matmul == "fast_bf16"
-    for path, x in jax.tree_util.tree_leaves_with_path(params_8):
-        is_kernel = getattr(path[-1], "key", None) == "kernel"
-        assert x.dtype == (jnp.bfloat16 if is_kernel else jnp.float32), path
+    for batch in (1, 8):
+        same, params_b = kernels.decode_setup(config, tiny_params, batch)
+        assert same.matmul == "fast_bf16" and kernels.decode_matmul(config, batch) == "fast_bf16"
+        for path, x in jax.tree_util.tree_leaves_with_path(params_b):
+            is_kernel = getattr(path[-1], "key", None) == "kernel"
+            assert x.dtype == (jnp.bfloat16 if is_kernel else jnp.float32), path
     for mode in ("plain", "fast_f32"):
         same = dataclasses.replace(tiny_config, matmul=mode)
         assert kernels.decode_setup(same, tiny_params, 8) == (same, tiny_params)
@@ -175,3 +176,33 @@ def test_model_and_decoder_leave_the_matmuls_to_the_seam(name):
                 for alias in node.names} | {node.module for node in ast.walk(tree)
                                             if isinstance(node, ast.ImportFrom)}
     assert not imported & {"dense", "attention_vjp", "transformer.model.kernels"}
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_the_jax_kernel_trains_with_is_causal_not_a_dense_mask(window, monkeypatch):
+    """attention_kernel=jax (and cudnn, the same call with cuDNN) is told the mask is causal,
+    with the sliding window as local_window_size, instead of given a [B, H, T, T] mask (which
+    cuDNN turns into a bias it reads through its slower kernel); the logits still equal the
+    einsum reference's."""
+    calls = []
+    real = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    config = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                         max_seq_len=16, matmul="plain", attention_kernel="jax",
+                         sliding_window=window)
+    params = init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+    calls.clear()  # init's
+    logits = GPT(config).apply({"params": params}, tokens)
+    assert len(calls) == 2  # one per layer
+    for kwargs in calls:
+        assert kwargs.get("mask") is None and kwargs.get("bias") is None and kwargs["is_causal"]
+        assert kwargs["local_window_size"] == ((window - 1, 0) if window else None)
+    reference = GPT(dataclasses.replace(config, attention_kernel="einsum")).apply(
+        {"params": params}, tokens)
+    np.testing.assert_allclose(logits, reference, atol=1e-5)

@@ -92,12 +92,11 @@ def _lrs(**changes):
 
 def test_cosine_warms_up_linearly_then_decays_to_the_floor():
     lrs = _lrs(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
-    np.testing.assert_allclose(lrs[:11], np.arange(11) / 10, atol=1e-6)
-    assert np.all(np.diff(lrs[10:]) < 0)
-    mid = 10 + 45  # half way through the cosine: (1 + 0.1) / 2
+    np.testing.assert_allclose(lrs[:10], np.arange(1, 11) / 10, atol=1e-6)  # 0.1 .. 1.0
+    assert np.all(np.diff(lrs[9:]) < 0)
+    mid = 9 + 45  # half way from the peak (update 9) to the last (99): (1 + 0.1) / 2
     assert lrs[mid] == pytest.approx(0.55, abs=1e-6)
-    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 89 / 90)),
-                                    abs=1e-6)
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-6)
 
 
 @pytest.mark.parametrize("shape,f", [("linear", lambda p: 1 - p),
@@ -106,15 +105,27 @@ def test_cosine_warms_up_linearly_then_decays_to_the_floor():
 def test_wsd_holds_the_peak_then_decays_in_the_last_fraction(shape, f):
     lrs = _lrs(steps=100, lr=2.0, warmup_steps=5, schedule="wsd", decay_fraction=0.2,
                decay_shape=shape, min_lr_ratio=0.0)
-    np.testing.assert_allclose(lrs[5:81], 2.0, atol=1e-6)  # stable until step 80
-    expected = [2.0 * f((s - 80) / 20) for s in range(80, 100)]
+    np.testing.assert_allclose(lrs[4:80], 2.0, atol=1e-6)  # at the peak from update 4 to 79
+    expected = [2.0 * f((s - 79) / 20) for s in range(80, 100)]  # the last 20 updates decay
     np.testing.assert_allclose(lrs[80:], expected, atol=1e-6)
 
 
 def test_constant_schedule_stays_at_the_peak_after_warmup():
     lrs = _lrs(steps=30, lr=0.5, warmup_steps=4, schedule="constant")
-    np.testing.assert_allclose(lrs[4:], 0.5, atol=1e-6)
-    assert lrs[0] == 0.0
+    np.testing.assert_allclose(lrs[3:], 0.5, atol=1e-6)
+    assert lrs[0] == pytest.approx(0.5 / 4, abs=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+@pytest.mark.parametrize("warmup", [0, 1, 10])
+def test_no_update_is_wasted_and_the_last_reaches_the_floor(schedule, warmup):
+    """configs/tiny.py's schedule (50 steps, warmup 10, floor 0.1·lr), read off AdamW: the
+    first update moves the weights, the last is made at exactly lr·min_lr_ratio. (The old
+    schedule gave the first update lr = 0 and ended WSD at 0.19·lr, cosine at 0.101·lr.)"""
+    lrs = _lrs(steps=50, lr=3e-3, warmup_steps=warmup, schedule=schedule, min_lr_ratio=0.1)
+    assert lrs[0] > 0
+    assert lrs.max() == pytest.approx(3e-3, rel=1e-5)
+    assert lrs[-1] == pytest.approx(3e-4, rel=1e-5)
 
 
 @pytest.mark.parametrize("field,value", [("schedule", "step"), ("decay_shape", "exp"),

@@ -248,3 +248,87 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
     assert fits["modern"]["L(N)"]["E"] == pytest.approx(1.9, abs=0.02)
     assert fits["gpt2"]["L(N)"]["E"] == pytest.approx(2.0, abs=0.02)
     assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)
+
+
+class _Killed(BaseException):
+    """What a SIGKILL mid-write leaves: the bytes written so far, nothing after."""
+
+
+def test_a_kill_mid_write_leaves_sweep_state_whole(tmp_path, monkeypatch):
+    """sweep.json and a member's result.json, rewritten while the process dies half way
+    through the write, still read as the complete old file (a torn one breaks the sweep's
+    resume and its report). Training is stubbed: only the bookkeeping runs."""
+    from transformer.data import tokenizers
+    from transformer.scaling.sweep import ladder, sweep_config
+    monkeypatch.setattr("transformer.train.run.train", lambda config, workdir, **k: (
+        Path(workdir).mkdir(parents=True, exist_ok=True), tokenizers.ByteTokenizer()))
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.train.update(batch_size=4)
+    base.sample.max_new_tokens = 10
+    sweep = sweep_config(base, ladder([1], aspect=16, head_dim=16), "tokens", [1000])
+    scaling.run(sweep, tmp_path, log=lambda s: None, progress=False)
+    member = scaling.members(sweep)[0].name
+    result = tmp_path / member / "result.json"
+    old = {"sweep.json": json.loads((tmp_path / "sweep.json").read_text()),
+           "result.json": {**json.loads(result.read_text()), "steps": -1}}  # so it reruns
+    result.write_text(json.dumps(old["result.json"]))
+    real_write = Path.write_text
+    for torn in ("sweep.json", "result.json"):
+        def dies_half_way(path, text, *args, torn=torn, **kwargs):
+            if torn in path.name:
+                real_write(path, text[:len(text) // 2], *args, **kwargs)
+                raise _Killed
+            return real_write(path, text, *args, **kwargs)
+        monkeypatch.setattr(Path, "write_text", dies_half_way)
+        with pytest.raises(_Killed):
+            scaling.run(sweep, tmp_path, log=lambda s: None, progress=False)
+        monkeypatch.setattr(Path, "write_text", real_write)
+        assert json.loads((tmp_path / member / torn if torn == "result.json"
+                           else tmp_path / torn).read_text()) == old[torn], torn
+
+
+def test_verify_trains_the_predicted_size_at_four_times_the_largest_budget(tmp_path):
+    """An IsoFLOP sweep written by hand (a tiny ladder's 18 members with the token counts the
+    sweep gives them and losses from a known L(N, D)); --verify then really trains the ladder
+    size nearest Approach 3's optimum at 4x the largest budget, sized as a member would be,
+    and reports its measured loss against the prediction at its N and D."""
+    from transformer.model import flops
+    from transformer.model.sizes import model_config_of
+    from transformer.scaling import chinchilla, verify
+    base = base_config()
+    base.model.update(vocab_size=0, max_seq_len=32)
+    base.data.update(max_bytes=100_000)
+    base.train.update(batch_size=4, lr=3e-3, warmup_steps=2, log_every=10,
+                      eval_every=10**6, eval_batches=1, ckpt_every=10**6)
+    base.sample.max_new_tokens = 10
+    sizes = [dict(name=f"L1-d{d}", n_layers=1, d_model=d, n_heads=-(-d // 16), d_ff=4 * d)
+             for d in (8, 16, 24, 32, 48, 64)]
+    sweep = scaling.sweep_config(base, sizes, "flops", [2e7, 6e7, 2e8])
+    truth = dict(E=1.5, A=30.0, alpha=0.3, B=60.0, beta=0.3)
+    for m in scaling.members(sweep):
+        model = model_config_of(m.config)
+        counts = flops.param_counts(model)
+        run = tmp_path / m.name
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps(dict(
+            name=m.name, index=m.index, budget="flops", budget_value=m.value,
+            n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
+            tokens=m.tokens, params_total=counts["total"],
+            params_non_embedding=counts["non_embedding"],
+            flops=flops.train_flops_per_token(model) * m.tokens, wall_s=1.0, group="")))
+        loss = float(chinchilla.loss_nd(truth, counts["non_embedding"], m.tokens))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "val_loss": loss}) + "\n")
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": json.loads(sweep.to_json())}))
+
+    lines = []
+    out = verify.verify(tmp_path, log=lines.append, n_boot=4, progress=False)
+    assert out["C"] == 8e8 and out["name"] == "L1-d16_flop8.0e08"  # N_opt 4.1K: d 16 (3.3K)
+    result = json.loads((tmp_path / "verify" / out["name"] / "result.json").read_text())
+    assert result["flops"] == pytest.approx(8e8, rel=0.01)  # whole steps of 128 tokens
+    assert out["predicted"] == pytest.approx(
+        chinchilla.loss_nd(truth, result["params_non_embedding"], result["tokens"]), rel=1e-3)
+    assert 0 < out["measured"] < 6  # a real byte-level run: below ln 256 + a bit
+    text = "\n".join(lines)
+    assert "measured val loss" in text and "% of the prediction" in text
+    assert "interval half-widths" in text

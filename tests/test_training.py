@@ -82,6 +82,22 @@ def test_every_evaluation_reports_bits_per_byte_equal_to_nats_over_ln2_for_bytes
         assert m["val_bpb"] == m["val_loss"] / math.log(2)
 
 
+def test_bits_per_byte_of_a_char_model_on_multibyte_text_matches_a_hand_count(tmp_path):
+    """A corpus of "aé你😀" (4 characters, 1+2+3+4 = 10 UTF-8 bytes) 1,000 times, held out in
+    blocks of 40 characters (a whole number of units): 0.4 tokens per byte exactly, so
+    val_bpb = val_loss / ln 2 · 0.4 (a byte-count slip, e.g. 1 byte per character, shows)."""
+    from transformer.train.metrics import MetricsLog
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("aé你😀" * 1000, encoding="utf-8")
+    c = _config(str(corpus), 2)
+    c.model.update(vocab_size=0, max_seq_len=32)
+    c.data.update(tokenizer="char", max_bytes=10_000, val_fraction=0.1)
+    c.train.update(eval_every=2, eval_batches=1, batch_size=4)
+    _train(c, tmp_path / "run")
+    [m] = [m for m in MetricsLog(tmp_path / "run").read() if "val_loss" in m]
+    assert m["val_bpb"] == pytest.approx(m["val_loss"] / math.log(2) * 0.4, rel=1e-9)
+
+
 def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
     from transformer import data
     c = _config("stdlib", 1)

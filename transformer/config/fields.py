@@ -10,7 +10,7 @@ The type of a field is the type of its default (an int is accepted where a float
 
 Resume rules (what a changed value means for a run continuing from a checkpoint):
     FREE    changes only what is logged, evaluated, saved, sampled, where the state lives or
-            how the same arithmetic is scheduled (mesh, matmul kernels): changes silently
+            how the same arithmetic is scheduled (mesh, remat): changes silently
     FIXED   changes the shape of the saved state or the meaning of its tokens: never
     CHANGE  changes what the run computes from here on: only when named in --allow_change
 """
@@ -34,6 +34,9 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # The matmul kernels a model can run; "auto" is resolved per machine (model/kernels/auto.py) before
 # a model is built. The kernels themselves are in kernels/
 MATMUL_MODES = ("plain", "fast_f32", "fast_bf16")
+# The modes that compute the same float32 arithmetic (up to summation order): a resumed run
+# may switch among them freely (resume.py). fast_bf16 rounds every matmul input to bfloat16.
+FLOAT32_MATMULS = ("plain", "fast_f32")
 MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")
 SYNTHETIC_CORPORA = ("copy", "random")
@@ -112,7 +115,8 @@ _MODEL = [
        CHANGE, DTYPES),
     _f("model.param_dtype", "float32", "dtype the parameters are stored in", FIXED, DTYPES),
     _f("model.scan_layers", False, "nn.scan over blocks: stacked params, faster compile", FIXED),
-    _f("model.remat", "none", "what the backward pass recomputes", CHANGE, REMAT),
+    # Recomputing a value gives the same value: the same numbers, another memory/time trade.
+    _f("model.remat", "none", "what the backward pass recomputes", FREE, REMAT),
     _f("model.position", "learned", "learned (a table P[t] added to x) | rope (rotary Q and K)",
        FIXED, POSITIONS),
     _f("model.norm", "layernorm", "normalisation layer", FIXED, NORMS),
@@ -126,9 +130,11 @@ _MODEL = [
        "must be >= 0 (0: full causal attention; w: the last w positions)"),
     _f("model.attention_kernel", "einsum", "einsum (reference) | jax (XLA's "
        "dot_product_attention) | cudnn (cuDNN flash attention: GPU, bfloat16)", CHANGE, ATTENTION_KERNELS),
-    # The same parameters in every mode, so a checkpoint continues under another one.
+    # The same parameters in every mode, but not the same numbers: fast_bf16 rounds matmul
+    # inputs to bfloat16, so switching to or from it on resume is a change to allow (auto may
+    # pick another mode on another CPU); plain <-> fast_f32 is free (FLOAT32_MATMULS).
     _f("model.matmul", "auto", "matmul kernels; auto: the fastest on this machine "
-       "(docs/performance.md)", FREE, MATMUL),
+       "(docs/performance.md)", CHANGE, MATMUL),
 ]
 
 _DATA = [

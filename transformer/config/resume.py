@@ -3,9 +3,12 @@
 Restarting the same command continues exactly. A changed config is compared field by field
 with the config saved in the latest checkpoint:
 - FREE fields change only what is logged, evaluated, saved or sampled, where the state
-  lives (mesh.*: a checkpoint restores onto any mesh) or which kernels compute the same
-  function (model.matmul: `auto` may pick another mode on another machine), never what the
-  params are: they may change silently (e.g. more frequent checkpoints after a crash);
+  lives (mesh.*: a checkpoint restores onto any mesh) or what the backward pass recomputes
+  (model.remat: the same values), never what the params are: they may change silently (e.g.
+  more frequent checkpoints after a crash). model.matmul may switch freely between the
+  float32 modes (plain, fast_f32: the same arithmetic up to summation order), not to or from
+  fast_bf16, which rounds matmul inputs to bfloat16 (`auto` picks it on CPUs with native
+  bfloat16, so a run resumed on another CPU would silently change precision);
 - FIXED fields change the shape of the saved state or the meaning of its tokens (model
   shape, tokenizer): the checkpoint cannot continue under them, whatever the flags;
 - every other field (train.steps, train.lr, train.seed, data.corpus, ...) changes what the
@@ -30,7 +33,20 @@ def differences(saved: dict, current: dict) -> dict:
     """{field: (saved value, current value)} for every field that differs (flattened names).
     A field the saved config lacks (added to the schema later) is not a difference."""
     saved, current = flatten(saved), flatten(current)
-    return {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+    diffs = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+    if set(diffs.get("model.matmul", ())) <= set(fields.FLOAT32_MATMULS):
+        diffs.pop("model.matmul", None)  # the same float32 arithmetic: not a difference
+    return diffs
+
+
+def computing_differently(diffs: dict) -> str | None:
+    """The line a run's start-up summary prints when it continues under allowed changes that
+    alter what it computes (None when nothing but free fields changed)."""
+    changed = {k: v for k, v in diffs.items() if k not in FREE}
+    if not changed:
+        return None
+    return ("note: from here on this run computes differently from how it started: "
+            + _describe(changed))
 
 
 def check(diffs: dict, allowed, workdir) -> None:

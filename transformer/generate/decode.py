@@ -3,7 +3,7 @@
     cache  = zeros [B·G, S, K] per layer              preallocated, fixed shape (G K/V heads)
     logits = model(prompts, cache)                       prefill: write the whole prompt
     while fewer than max_new_tokens tokens and some row has not ended (lax.while_loop):
-      token  = sample(logits[:, -1], key = fold_in(seed key, step))
+      token  = sample(logits[:, -1], row b's key = fold_in(fold_in(seed key, b), step))
       logits = model(token, cache at the next slot)      attend to the filled slots only
       when every slot is filled: the window policy below
 
@@ -167,7 +167,7 @@ class _Loop(NamedTuple):
     """What every step of one compiled generation shares (traced arrays and static facts)."""
     config: ModelConfig
     params: dict
-    keys_N2: jax.Array     # step i's key data: fold_in(seed key, i)
+    keys_NB2: jax.Array    # step i's key data for row b: fold_in(fold_in(seed key, b), i)
     knobs: tuple           # temperature, top_k, top_p, eos_id
     n: jax.Array           # how many tokens were asked for (<= budget)
     stream_id: jax.Array | None  # None: no streaming
@@ -182,9 +182,10 @@ class _Loop(NamedTuple):
     def emit(self, state: _State, logits_BV) -> _State:
         """Samples token i from logits_BV and records it."""
         temperature, top_k, top_p, eos_id = self.knobs
-        step_key = jax.random.wrap_key_data(jnp.tile(self.keys_N2[state.i], 2),
-                                            impl="unsafe_rbg")
-        token_B = sampling.sample(logits_BV, step_key, temperature, top_k, top_p)
+        keys_B2 = self.keys_NB2[state.i]
+        row_keys = [jax.random.wrap_key_data(jnp.tile(keys_B2[b], 2), impl="unsafe_rbg")
+                    for b in range(keys_B2.shape[0])]
+        token_B = sampling.sample(logits_BV, row_keys, temperature, top_k, top_p)
         token_B = jnp.where(state.done_B, PAD_ID, token_B)
         done_B = state.done_B | (token_B == eos_id)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
@@ -260,13 +261,16 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
     config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
-    # Key i = fold_in(key, i): the first k tokens do not depend on how many are asked for.
-    # Computed before the loops and used there as counter-based (`unsafe_rbg`) keys:
-    # XLA-CPU lowers threefry to a while loop, and a loop nested in the decode body made XLA
-    # copy every layer's cache on every step.
-    keys_N2 = jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(key, i))(
-        jnp.arange(budget)))
-    loop = _Loop(config, params, keys_N2, (temperature, top_k, top_p, eos_id), n,
+    # Row b's key at step i = fold_in(fold_in(key, b), i): the first k tokens do not depend
+    # on how many are asked for, and row b's tokens not on how many rows decode with it
+    # (sample b of seed s is the same text at --num_samples=1, 2, ...). Computed before the
+    # loops and used there as counter-based (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a
+    # while loop, and a loop nested in the decode body made XLA copy every layer's cache on
+    # every step.
+    keys_NB2 = jax.random.key_data(jax.vmap(lambda i: jax.vmap(
+        lambda b: jax.random.fold_in(jax.random.fold_in(key, b), i))(jnp.arange(B)))(
+            jnp.arange(budget)))
+    loop = _Loop(config, params, keys_NB2, (temperature, top_k, top_p, eos_id), n,
                  stream_id if stream else None, budget)
 
     logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill

@@ -48,9 +48,19 @@ def filter_logits(logits_BV, temperature, top_k, top_p):
 
 
 def sample(logits_BV, key, temperature, top_k, top_p):
-    """One token per row: argmax when temperature is 0, else a draw from the filtered softmax."""
+    """One token per row: argmax when temperature is 0, else a draw from the filtered softmax.
+
+    `key`: one key for the whole batch, or a sequence of one key per row. With row keys each
+    row's draw depends on its own key and logits only, not on how many rows are drawn with
+    it (one draw over [B, V] with one key gives row 0 other noise at B = 1 than at B = 2).
+    The rows are drawn one by one, not under vmap: vmapping the `unsafe_rbg` keys the decoder
+    uses would draw every row from the first row's key."""
     def draw(logits_BV):
-        return jax.random.categorical(key, filter_logits(logits_BV, temperature, top_k, top_p))
+        filtered_BV = filter_logits(logits_BV, temperature, top_k, top_p)
+        if isinstance(key, (list, tuple)):
+            return jnp.stack([jax.random.categorical(k, filtered_BV[b])
+                              for b, k in enumerate(key)])
+        return jax.random.categorical(key, filtered_BV)
 
     def greedy(logits_BV):
         return jnp.argmax(logits_BV, axis=-1)

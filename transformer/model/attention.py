@@ -132,6 +132,19 @@ def jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
     return out_BTHK.transpose(0, 2, 1, 3)
 
 
+def jax_causal_attention(q_BHTK, k_BGTK, v_BGTK, window: int = 0, implementation=None):
+    """`jax_attention` for queries and keys at the same T positions (training and scoring),
+    told the mask is causal (`is_causal`, and a sliding window w as `local_window_size`
+    (w - 1, 0)) instead of given a dense [B, H, T, T] one: cuDNN then runs its causal
+    flash-attention kernel, where a dense mask becomes a bias it reads from memory (~400 MB
+    a call for configs/gpt2_small.py) through its slower biased kernel."""
+    q_BTHK, k_BTGK, v_BTGK = (x.transpose(0, 2, 1, 3) for x in (q_BHTK, k_BGTK, v_BGTK))
+    out_BTHK = jax.nn.dot_product_attention(
+        q_BTHK, k_BTGK, v_BTGK, is_causal=True,
+        local_window_size=(window - 1, 0) if window else None, implementation=implementation)
+    return out_BTHK.transpose(0, 2, 1, 3)
+
+
 def softmax(x):
     """Numerically stable softmax over the last axis (subtract the row max first)."""
     x = x - jnp.max(x, axis=-1, keepdims=True)

@@ -114,7 +114,13 @@ def activation_bytes(c, batch: int, remat: str | None = None) -> int:
     Per block, Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 1) count
     T·B·D·(34 + 5·H·T/D) bytes with 16-bit activations; we scale by the compute dtype's
     width over 2. With remat='block' only each block's input is kept, plus one block's full
-    set while it is recomputed. The float32 logits and their gradient add 2·B·T·V·4 bytes.
+    set while it is recomputed. remat='dots' (`checkpoint_dots_with_no_batch_dims`) keeps,
+    besides the block's input, the outputs of the matmuls without batch dimensions that the
+    backward pass needs: Q (H·K), K and V (G·K each), W_O (D) and the MLP's expansion (F,
+    twice with SwiGLU's gate) per token; not attention's batched score matmuls, and not the
+    MLP's projection, which only enters a sum (the next block's input, kept anyway). This
+    equals what JAX saves (jax's saved_residuals; tests/test_flops.py).
+    The float32 logits and their gradient add 2·B·T·V·4 bytes.
     """
     T, D, H, L = c.max_seq_len, c.d_model, c.n_heads, c.n_layers
     width = BYTES[c.dtype] / 2
@@ -122,6 +128,10 @@ def activation_bytes(c, batch: int, remat: str | None = None) -> int:
     remat = c.remat if remat is None else remat
     if remat == "none":
         blocks = L * per_block
-    else:  # 'block' or 'dots': inputs of every block, one block's worth live at a time
-        blocks = L * T * batch * D * BYTES[c.dtype] + per_block
+    else:  # the inputs of every block (and with 'dots' its projections' outputs), plus one
+        kept = D  # block's worth live at a time while it is recomputed
+        if remat == "dots":
+            K, G, F = c.head_dim, n_kv_heads(c), c.mlp_hidden
+            kept += H * K + 2 * G * K + D + (2 if c.mlp == "swiglu" else 1) * F
+        blocks = L * T * batch * kept * BYTES[c.dtype] + per_block
     return int(blocks + 2 * batch * T * c.vocab_size * 4)

@@ -45,6 +45,9 @@ from transformer.model import attention, kernels, kvcache, rope
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
 INIT_STD = 0.02
 
+# A matmul that sums in float32 and returns float32, whatever its inputs' dtype.
+_float32_dot = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
+
 
 class _AxisNames(nn.LogicallyPartitioned):
     """Logical axis names as metadata only: unboxing adds no sharding constraint.
@@ -232,13 +235,18 @@ class GPT(nn.Module):
 
         # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.
         h_BTD = _norm(c, "ln_final")(x_BTD) if c.norm_placement == "pre" else x_BTD
+        # The head's products are summed in float32 whatever the compute dtype: with bfloat16
+        # a bfloat16 result would round every logit (spacing 0.0625 at |logit| ≈ 10) before
+        # the softmax and the loss see it. (embed.attend and a plain nn.Dense return c.dtype.)
         if c.tie_embeddings:
-            logits_BTV = embed.attend(h_BTD)
+            h_BTD, e_VD = nn.dtypes.promote_dtype(h_BTD, embed.embedding, dtype=c.dtype)
+            logits_BTV = jnp.dot(h_BTD, e_VD.T, preferred_element_type=jnp.float32)
         else:
             logits_BTV = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
                                   param_dtype=c.param_dtype, name="head",
                                   kernel_init=_logical(nn.initializers.normal(INIT_STD),
-                                                       ("embed", "vocab")))(h_BTD)
+                                                       ("embed", "vocab")),
+                                  dot_general=_float32_dot)(h_BTD)
         logits_BTV = logits_BTV.astype(jnp.float32)
         return logits_BTV if cache is None else (logits_BTV, new_cache)
 

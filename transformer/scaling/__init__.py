@@ -3,7 +3,8 @@
     sweep.py       ladders and grids of runs: one member per size × budget, trained by train/
     fit.py         scaling-law fits (power laws, L(N, D)) with bootstrap intervals
     chinchilla.py  Chinchilla's approaches 2 and 3; predict, holdout
-    isoflop.py     the IsoFLOP report of a sweep
+    isoflop.py     the IsoFLOP report of a sweep; the ladder's real FLOPs per token
+    verify.py      --verify: train the predicted compute-optimal run, measured vs predicted
     plot.py        loss curves, scaling and IsoFLOP plots (`python -m transformer plot`)
 
 May import: config/, model/, data/, train/, parallel/. Never: tools/ or the command lines.

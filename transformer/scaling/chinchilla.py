@@ -18,9 +18,20 @@ starting points with L-BFGS (A = e^a, B = e^b, E = e^e). N and D are divided by 
 geometric means inside the fit, which keeps the start grid small; A and B are returned for
 raw N and D.
 
-Compute of a run is its measured training FLOPs, not 6·N·D: at these sizes the embedding
-and attention FLOPs matter. The FLOPs per token of a size, F(N) = C/D, is fitted as a power
-of N over the runs, so Approach 3's optimum at budget C is the N minimising L(N, C/F(N)).
+Compute of a run is its counted training FLOPs, not 6·N·D: at these sizes the output head
+and attention FLOPs matter (with a 1024-token vocabulary the head costs more than the blocks
+below d_model 32). So the tokens a budget C buys at size N are D = C / F(N), with F(N) the
+training FLOPs per token of the ladder's model of that size (isoflop.LadderCost counts them
+with flops.train_flops_per_token), and Approach 3's optimum at C is the N minimising
+L(N, C / F(N)). (A power law k·N^p fitted to the runs' C/D, as used before, has p ≈ 0.69 on
+the CPU ladder, where the head dominates; extrapolated to larger models it underestimates
+F(N) by 1.6x at 1.6M and 3.2x at 25M non-embedding parameters, and N_opt and D_opt with it.
+It is kept only as the fallback when the ladder is unknown.)
+
+Approach 2 fits its power laws on the budgets whose parabola's minimum lies inside the
+sizes tried; a minimum outside them is an extrapolation of the parabola, reported but left
+out of the fit. Each budget's C is its runs' counted FLOPs (their geometric mean: whole
+steps make them differ by well under 1%), not the nominal budget.
 
 Intervals: resample the runs with replacement, refit, and take the 2.5th and 97.5th
 percentiles of each constant (a 95% percentile bootstrap).
@@ -58,27 +69,33 @@ def parabola_minimum(x, y):
 
 
 def approach2(runs) -> dict | None:
-    """Per-budget minima and the power laws N_opt = k_N C^a, D_opt = k_D C^b; None unless at
-    least two budgets have a valley."""
+    """Per-budget minima and the power laws N_opt = k_N C^a, D_opt = k_D C^b, fitted on the
+    budgets whose minimum lies inside the sizes tried (`fitted`: those budgets); None unless
+    at least two budgets have such a valley. Runs are grouped by their `budget` (the nominal
+    one the sweep sized them to; `C` when absent); C of a budget is its runs' counted FLOPs."""
     budgets = {}
-    for C in sorted({r["C"] for r in runs}):
-        at = [r for r in runs if r["C"] == C]
-        N, D, loss = _arrays(at, "N", "D", "loss")
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.get("budget", r["C"]), []).append(r)
+    for budget, at in sorted(groups.items()):
+        N, D, loss, counted = _arrays(at, "N", "D", "loss", "C")
+        C = float(np.exp(np.mean(np.log(counted))))
         logN, logD = np.log(N), np.log(D)
         n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
         if n_min is None or d_min is None or max(abs(n_min[0]), abs(d_min[0])) > 700:
             continue  # no valley, or one so flat its vertex overflows exp (a bootstrap resample)
-        budgets[C] = dict(N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
+        budgets[C] = dict(budget=budget, N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
                           loss_opt=float(np.polyval(n_min[1], n_min[0])), parabola=n_min[1],
                           inside=bool(logN.min() <= n_min[0] <= logN.max()))
-    if len(budgets) < 2:
+    fitted = [C for C, b in budgets.items() if b["inside"]]
+    if len(fitted) < 2:
         return None
-    logC = np.log(list(budgets))
-    a, log_kN = np.polyfit(logC, np.log([b["N_opt"] for b in budgets.values()]), 1)
-    b, log_kD = np.polyfit(logC, np.log([b["D_opt"] for b in budgets.values()]), 1)
+    logC = np.log(fitted)
+    a, log_kN = np.polyfit(logC, np.log([budgets[C]["N_opt"] for C in fitted]), 1)
+    b, log_kD = np.polyfit(logC, np.log([budgets[C]["D_opt"] for C in fitted]), 1)
     if not (np.isfinite([a, b]).all() and max(abs(log_kN), abs(log_kD)) < 700):
         return None
-    return dict(budgets=budgets, a=float(a), b=float(b), kN=math.exp(log_kN),
+    return dict(budgets=budgets, fitted=fitted, a=float(a), b=float(b), kN=math.exp(log_kN),
                 kD=math.exp(log_kD))
 
 
@@ -141,24 +158,35 @@ def loss_nd(f: dict, N, D):
         f["B"] * np.asarray(D, float) ** -f["beta"]
 
 
-def flops_per_token_law(runs) -> tuple[float, float]:
-    """(k, p) with training FLOPs per token ≈ k·N^p, fitted over the runs (C/D against N)."""
-    N, D, C = _arrays(runs, "N", "D", "C")
-    p, log_k = np.polyfit(np.log(N), np.log(C / D), 1)
-    return math.exp(log_k), float(p)
+class PowerLawCost:
+    """FLOPs per token ≈ k·N^p fitted to the runs' C/D: the fallback cost when the sweep's
+    ladder is unknown (no sweep.json). Wrong far from the runs' sizes (see the module doc)."""
+
+    n_range = (1e2, 1e13)
+
+    def __init__(self, runs):
+        N, D, C = _arrays(runs, "N", "D", "C")
+        p, log_k = np.polyfit(np.log(N), np.log(C / D), 1)
+        self.k, self.p = math.exp(log_k), float(p)
+
+    def __call__(self, N):
+        return self.k * np.asarray(N, float) ** self.p
 
 
-def approach3_optimum(f: dict, C: float, cost: tuple[float, float]):
-    """(N_opt, D_opt, loss) at budget C: the N minimising L(N, C / F(N)), on a fine grid in
-    log N, then refined by a parabola through the best grid point and its neighbours."""
-    k, p = cost
-    logN = np.linspace(math.log(1e2), math.log(1e13), 4001)
+def approach3_optimum(f: dict, C: float, cost):
+    """(N_opt, D_opt, loss) at budget C: the N minimising L(N, C / cost(N)) over
+    cost.n_range, on a fine grid in log N refined by a parabola through the best grid point
+    and its neighbours. `cost(N)`: training FLOPs per token of the model with N non-embedding
+    parameters (isoflop.LadderCost, or PowerLawCost)."""
+    lo, hi = cost.n_range
+    logN = np.linspace(math.log(lo), math.log(hi), 4001)
     N = np.exp(logN)
-    L = loss_nd(f, N, C / (k * N ** p))
+    L = loss_nd(f, N, C / cost(N))
     i = int(np.clip(np.argmin(L), 1, len(N) - 2))
     found = parabola_minimum(logN[i - 1:i + 2], L[i - 1:i + 2])
     n_opt = math.exp(found[0]) if found else float(N[i])
-    d_opt = C / (k * n_opt ** p)
+    n_opt = min(max(n_opt, lo), hi)
+    d_opt = C / float(cost(n_opt))
     return n_opt, d_opt, float(loss_nd(f, n_opt, d_opt))
 
 

@@ -1,35 +1,104 @@
-"""The compute-optimal part of a sweep report: IsoFLOP fits, predictions, and a holdout check.
+"""The compute-optimal part of a sweep report: IsoFLOP fits, predictions, a holdout check, and
+a run that checks a prediction.
 
     python -m transformer scaling --workdir=runs/isoflop --report                 # + isoflop.md
     python -m transformer scaling --workdir=runs/isoflop --predict --flops=1e15
     python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
+    python -m transformer scaling --workdir=runs/isoflop --verify      # train the prediction
 
 Works on the report's rows (one per finished member of an IsoFLOP sweep). N is the
-non-embedding parameter count, D the training tokens, C the budget the member was sized to;
-the loss is the final validation loss in nats per token. The math is in chinchilla.py.
+non-embedding parameter count, D the training tokens, C the run's counted training FLOPs
+(`budget`, the nominal budget it was sized to, groups Approach 2's parabolas); the loss is the
+final validation loss in nats per token. The tokens a budget buys at size N come from the
+sweep's own ladder rule and FLOP count (`LadderCost`), not from a fit. The math is in
+chinchilla.py.
 """
 
 from __future__ import annotations
 
 import math
 
+import ml_collections
+import numpy as np
+
 from transformer.config import ConfigError, ModelConfig
 from transformer.model import flops
-from transformer.model.sizes import human
+from transformer.model.sizes import human, model_config_of
 from transformer.scaling import chinchilla, plot
 
 
 def runs_of(rows) -> list[dict]:
-    return [dict(C=r["budget_value"], flops=r["flops"], N=r["params_non_embedding"],
+    return [dict(C=r["flops"], budget=r["budget_value"], N=r["params_non_embedding"],
                  D=r["tokens"], loss=r["val_loss"], name=r["name"])
             for r in rows if math.isfinite(r["val_loss"])]
 
 
-def fit_all(runs, n_boot: int = 100) -> dict:
-    """Both approaches on all runs, their bootstrap refits, and the FLOPs-per-token law."""
+def ladder_shapes(sweep: dict) -> list[dict]:
+    """Every size the sweep's ladder rule makes: for a fixed-depth ladder (every size the same
+    depth) any width in steps of 4 with heads of at most the ladder's head dim; otherwise
+    d_model = aspect·L with the ladder's head dim, L = 1..128. d_ff = the ladder's ratio."""
+    sizes = sweep["sizes"]
+    size0 = sizes[0]
+    mlp_ratio = size0["d_ff"] // size0["d_model"]
+    if len(sizes) > 1 and len({s["n_layers"] for s in sizes}) == 1:
+        L = size0["n_layers"]
+        head_dim = max(s["d_model"] // s["n_heads"] for s in sizes)
+        shapes = [(L, d, -(-d // head_dim)) for d in range(4, 8193, 4)]
+        shapes = [(L, d, h) for L, d, h in shapes if not d % h]
+    else:
+        aspect = size0["d_model"] // size0["n_layers"]
+        head_dim = size0["d_model"] // size0["n_heads"]
+        shapes = [(L, aspect * L, aspect * L // head_dim) for L in range(1, 129)
+                  if not aspect * L % head_dim]
+    return [dict(name=f"L{L}-d{d}", n_layers=L, d_model=d, n_heads=h, d_ff=mlp_ratio * d)
+            for L, d, h in shapes]
+
+
+class LadderCost:
+    """Training FLOPs per token F(N) along the sweep's ladder rule, counted for each of its
+    sizes by flops.train_flops_per_token on the model the sweep would build (its base config,
+    the BPE or byte vocabulary, context, head, attention), so D(N, C) = C / F(N) is the real
+    number of tokens budget C buys. Between two ladder sizes F is interpolated in log-log
+    (smooth: F is a quadratic in the width); `nearest(N)` is the ladder size to train."""
+
+    def __init__(self, sweep: dict):
+        base = ml_collections.ConfigDict(sweep["base"])
+        self.sizes, points = [], []
+        for size in ladder_shapes(sweep):
+            config = ml_collections.ConfigDict(base.to_dict())
+            config.model.update({k: v for k, v in size.items() if k != "name"}, matmul="plain")
+            model = model_config_of(config)
+            points.append((flops.param_counts(model)["non_embedding"],
+                           flops.train_flops_per_token(model)))
+            self.sizes.append(size)
+        order = np.argsort([n for n, _ in points])
+        self.sizes = [self.sizes[i] for i in order]
+        self.N = np.array([points[i][0] for i in order], float)
+        self.F = np.array([points[i][1] for i in order], float)
+        self.n_range = (float(self.N[0]), float(self.N[-1]))
+
+    def __call__(self, N):
+        return np.exp(np.interp(np.log(N), np.log(self.N), np.log(self.F)))
+
+    def nearest(self, N: float) -> tuple[dict, float, float]:
+        """(the ladder size nearest N in log space, its N, its F)."""
+        i = int(np.argmin(np.abs(np.log(self.N) - math.log(N))))
+        return self.sizes[i], float(self.N[i]), float(self.F[i])
+
+
+def cost_of(sweep: dict | None, runs):
+    """The sweep's LadderCost; without a sweep.json (runs written by hand) the old fallback,
+    a power law fitted to the runs' C/D (approximate away from their sizes)."""
+    if sweep and sweep.get("sizes") and sweep.get("base"):
+        return LadderCost(sweep)
+    return chinchilla.PowerLawCost(runs)
+
+
+def fit_all(runs, n_boot: int = 100, sweep: dict | None = None) -> dict:
+    """Both approaches on all runs, their bootstrap refits, and the FLOPs-per-token cost."""
     a2, a3 = chinchilla.approach2(runs), chinchilla.approach3(runs)
     fits2, fits3 = chinchilla.bootstrap(runs, n_boot, approach3_fit=a3) if a3 or a2 else ([], [])
-    return dict(a2=a2, a3=a3, boot2=fits2, boot3=fits3, cost=chinchilla.flops_per_token_law(runs))
+    return dict(a2=a2, a3=a3, boot2=fits2, boot3=fits3, cost=cost_of(sweep, runs))
 
 
 def _pm(value, values, fmt=".3g"):
@@ -48,13 +117,20 @@ def describe(fits) -> list[str]:
         for C, b in a2["budgets"].items():
             lines.append(f"| {C:.2g} | {human(b['N_opt'])} | {human(b['D_opt'])} "
                          f"| {b['D_opt'] / b['N_opt']:.3g} | {b['loss_opt']:.4f} "
-                         f"| {'yes' if b['inside'] else 'NO (extrapolated)'} |")
+                         f"| {'yes' if b['inside'] else 'NO (extrapolated: not fitted)'} |")
+        left_out = [C for C in a2["budgets"] if C not in a2["fitted"]]
+        if left_out:
+            lines += ["", f"The power laws below use {len(a2['fitted'])} of "
+                      f"{len(a2['budgets'])} budgets: the minimum at "
+                      + ", ".join(f"C = {C:.2g}" for C in left_out)
+                      + " lies outside the sizes tried, an extrapolation of its parabola."]
         lines += ["", f"N_opt ∝ C^a, a = {_pm(a2['a'], [f['a'] for f in b2])}; "
                   f"D_opt ∝ C^b, b = {_pm(a2['b'], [f['b'] for f in b2])}; "
                   f"a + b = {_pm(a2['a'] + a2['b'], [f['a'] + f['b'] for f in b2])} "
                   f"(1 if C ∝ N·D)   [{len(b2)} resamples]", ""]
     else:
-        lines += ["Approach 2: needs at least two budgets whose loss has a valley in log N", ""]
+        lines += ["Approach 2: needs at least two budgets whose loss has a valley in log N, "
+                  "with its minimum inside the sizes tried", ""]
     if a3:
         lines.append("Approach 3: L(N, D) = E + A/N^α + B/D^β; "
                      + ", ".join(f"{k} = {_pm(a3[k], [f[k] for f in b3])}"
@@ -87,35 +163,25 @@ def optimum(fits, C: float) -> dict:
 
 
 def nearest_size(sweep: dict | None, n_target: float) -> str:
-    """The size of the sweep's ladder rule (d_model = aspect·L, fixed head dim; or, when every
-    size has the same depth, any width at that depth) whose
-    non-embedding count is nearest n_target in log space."""
+    """The size of the sweep's ladder rule (`ladder_shapes`) whose non-embedding count is
+    nearest n_target in log space."""
     if not sweep or not sweep.get("sizes"):
         return "(no sweep.json: ladder unknown)"
-    sizes = sweep["sizes"]
-    size0 = sizes[0]
-    mlp_ratio = size0["d_ff"] // size0["d_model"]
-    if len(sizes) > 1 and len({s["n_layers"] for s in sizes}) == 1:
-        # a fixed-depth ladder: width alone sets N; heads of at most the ladder's head dim
-        L = size0["n_layers"]
-        head_dim = max(s["d_model"] // s["n_heads"] for s in sizes)
-        shapes = [(L, d, -(-d // head_dim)) for d in range(4, 8193, 4)]
-        shapes = [(L, d, h) for L, d, h in shapes if not d % h]
-    else:
-        aspect = size0["d_model"] // size0["n_layers"]
-        head_dim = size0["d_model"] // size0["n_heads"]
-        shapes = [(L, aspect * L, aspect * L // head_dim) for L in range(1, 129)
-                  if not aspect * L % head_dim]
     best = None
-    for L, d, heads in shapes:
-        m = ModelConfig(vocab_size=1, d_model=d, n_layers=L, n_heads=heads,
-                        d_ff=mlp_ratio * d, max_seq_len=1)
+    for size in ladder_shapes(sweep):
+        m = ModelConfig(vocab_size=1, d_model=size["d_model"], n_layers=size["n_layers"],
+                        n_heads=size["n_heads"], d_ff=size["d_ff"], max_seq_len=1,
+                        matmul="plain")
         n = flops.param_counts(m)["non_embedding"]
         gap = abs(math.log(n / n_target))
         if best is None or gap < best[0]:
-            best = (gap, f"n_layers={L}, d_model={d}, n_heads={heads}, "
-                         f"d_ff={mlp_ratio * d} ({human(n)} non-embedding params)")
+            best = (gap, _size_text(size, n))
     return best[1]
+
+
+def _size_text(size: dict, n: float) -> str:
+    return (f"n_layers={size['n_layers']}, d_model={size['d_model']}, "
+            f"n_heads={size['n_heads']}, d_ff={size['d_ff']} ({human(n)} non-embedding params)")
 
 
 def prediction_lines(fits, C: float, sweep) -> list[str]:
@@ -129,6 +195,12 @@ def prediction_lines(fits, C: float, sweep) -> list[str]:
              f"  predicted val loss = {p['loss']:.4f} "
              f"[{p['loss_int'][0]:.4f}, {p['loss_int'][1]:.4f}] nats/token",
              f"  nearest ladder size: {nearest_size(sweep, p['N'])}"]
+    if isinstance(fits["cost"], LadderCost):
+        lines.append("  (D(N, C) = C / F(N), F counted along the ladder rule: "
+                     "flops.train_flops_per_token)")
+    else:
+        lines.append("  (no sweep.json: F(N) = C/D is a power law fitted to the runs, "
+                     "approximate away from their sizes)")
     if "N_a2" in p:
         lines.append(f"  Approach 2 says N_opt = {human(p['N_a2'])}, D_opt = {human(p['D_a2'])}")
     return lines
@@ -138,11 +210,11 @@ def holdout_lines(runs, which: str, n_boot: int = 100) -> list[str]:
     """Refit without the largest budget; each held-out run's loss against its prediction."""
     if which != "largest":
         raise ConfigError(f"--holdout={which}: only 'largest' (the largest budget) is supported")
-    budgets = sorted({r["C"] for r in runs})
+    budgets = sorted({r.get("budget", r["C"]) for r in runs})
     if len(budgets) < 2:
         raise ConfigError("--holdout=largest: needs finished runs at 2 or more budgets")
-    kept = [r for r in runs if r["C"] < budgets[-1]]
-    held = [r for r in runs if r["C"] == budgets[-1]]
+    kept = [r for r in runs if r.get("budget", r["C"]) < budgets[-1]]
+    held = [r for r in runs if r.get("budget", r["C"]) == budgets[-1]]
     fits = fit_all(kept, n_boot)
     if fits["a3"] is None:
         return [f"holdout: the {len(kept)} runs below C = {budgets[-1]:.2g} cannot fit "

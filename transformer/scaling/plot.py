@@ -122,13 +122,14 @@ def plot_isoflop(runs, a2, a3, cost, out) -> Path:
     from transformer.scaling import chinchilla
     plt = _pyplot()
     fig, (ax, ax_opt) = plt.subplots(1, 2, figsize=(12, 4.5))
-    budgets = sorted({r["C"] for r in runs})
+    budgets = sorted({r.get("budget", r["C"]) for r in runs})  # nominal: groups the runs
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(budgets), 1)))
-    for C, color in zip(budgets, colors):
-        at = sorted((r for r in runs if r["C"] == C), key=lambda r: r["N"])
+    by_budget = {b.get("budget", C): (C, b) for C, b in (a2 or {}).get("budgets", {}).items()}
+    for budget, color in zip(budgets, colors):
+        at = sorted((r for r in runs if r.get("budget", r["C"]) == budget), key=lambda r: r["N"])
         N = np.array([r["N"] for r in at], float)
-        ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {C:.2g}")
-        fitted = (a2 or {}).get("budgets", {}).get(C)
+        ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {budget:.2g}")
+        C, fitted = by_budget.get(budget, (budget, None))
         if fitted:
             grid = np.geomspace(N.min() / 1.3, N.max() * 1.3, 100)
             ax.plot(grid, np.polyval(fitted["parabola"], np.log(grid)), "-", color=color, lw=1)

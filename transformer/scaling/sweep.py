@@ -5,6 +5,7 @@
     python -m transformer scaling --workdir=runs/ladder --report
     python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop --predict --flops=1e15
+    python -m transformer scaling --workdir=runs/isoflop --verify     # train the prediction
 
 A sweep config (see `configs/scaling/`) holds a base training config, a list of sizes (from
 `ladder`, one sizing rule) and a budget per run:
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -153,7 +156,7 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "sweep.json").write_text(json.dumps(
+    write_atomic(workdir / "sweep.json", json.dumps(
         {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
         indent=1))
     chosen = all_members if index is None else [all_members[index]]
@@ -171,7 +174,7 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
         wall_s = time.perf_counter() - started
         model = ModelConfig.from_config(resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
-        (run_dir / "result.json").write_text(json.dumps(dict(
+        write_atomic(run_dir / "result.json", json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,
             n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
             tokens=m.tokens, params_total=counts["total"],
@@ -185,6 +188,15 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[st
 def _sweep_of(workdir):
     """The sweep config saved with the runs (its sizes define the ladder), or None."""
     return (_read_json(Path(workdir) / "sweep.json") or {}).get("sweep")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes `text` to `path` so that a reader (or a kill mid-write) sees the old file or the
+    new one, never half of it: a temporary file beside it, then os.replace. The name carries
+    the process id: members of one sweep may run in parallel (--index)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _read_json(path: Path):
@@ -272,10 +284,10 @@ def _fits(ok) -> dict:
 def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
     from transformer.scaling import isoflop
     runs = isoflop.runs_of(ok)
-    fits = isoflop.fit_all(runs, n_boot)
+    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir))
     lines = ["", *isoflop.describe(fits)]
     if fits["a3"] is not None:
-        largest = max(r["C"] for r in runs)
+        largest = max(r["budget"] for r in runs)
         lines += ["", *isoflop.prediction_lines(fits, largest, _sweep_of(workdir))]
     if holdout:
         lines += ["", *isoflop.holdout_lines(runs, holdout, n_boot)]
@@ -297,10 +309,11 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     expected = (_read_json(workdir / "sweep.json") or {}).get("members", [])
     missing = sorted(set(expected) - {r["name"] for r in rows})
 
-    with (workdir / "report.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(workdir / "report.csv", table.getvalue())
     lines = [markdown_table(rows)]
     ok = best_per_size([r for r in rows if math.isfinite(r["val_loss"])])
     fitted = {r["group"] for r in ok}
@@ -316,10 +329,10 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     if len(groups) > 1:
         lines += ["", *gap_table(ok, groups)]
     fits = by_group[groups[0]] if len(groups) == 1 else by_group
-    (workdir / "fit.json").write_text(json.dumps(fits, indent=1, default=float))
+    write_atomic(workdir / "fit.json", json.dumps(fits, indent=1, default=float))
     if missing:
         lines.append(f"not finished yet: {', '.join(missing)}")
-    (workdir / "report.md").write_text("\n".join(lines) + "\n")
+    write_atomic(workdir / "report.md", "\n".join(lines) + "\n")
     lines.append("wrote " + ", ".join(str(p) for p in [workdir / "report.csv",
                                                          workdir / "report.md",
                                                          workdir / "fit.json",
@@ -358,7 +371,7 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--predict: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
-    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot)
+    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir))
     log("\n".join(isoflop.prediction_lines(fits, flops_budget, _sweep_of(workdir))))
     return isoflop.optimum(fits, flops_budget)
 
@@ -421,7 +434,11 @@ def _main():
     no_progress = flags.DEFINE_bool("no_progress", False, "Hide the progress bars.")
     predict_flag = flags.DEFINE_bool("predict", False, "Print the compute-optimal N, D and "
                                      "loss at --flops from the IsoFLOP runs in --workdir.")
-    flops_flag = flags.DEFINE_float("flops", None, "The training budget for --predict.")
+    flops_flag = flags.DEFINE_float("flops", None, "The training budget for --predict (and "
+                                    "--verify: default 4x the sweep's largest).")
+    verify_flag = flags.DEFINE_bool("verify", False, "Train the compute-optimal run the "
+                                    "IsoFLOP fits predict at --flops (default 4x the largest "
+                                    "budget) and print measured vs predicted loss.")
     holdout_flag = flags.DEFINE_string("holdout", None, "With --report: 'largest' refits "
                                        "without the largest budget and checks its runs.")
     boot_flag = flags.DEFINE_integer("bootstrap", 100, "Bootstrap resamples per interval.")
@@ -431,6 +448,13 @@ def _main():
             cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
         if not workdir_flag.value:
             cli.fail("--workdir=PATH is required")
+        if verify_flag.value:
+            if flops_flag.value is not None and flops_flag.value <= 0:
+                cli.fail("--verify --flops=C: the budget must be positive")
+            from transformer.scaling import verify
+            verify.verify(workdir_flag.value, flops_flag.value, n_boot=boot_flag.value,
+                          progress=not no_progress.value)
+            return
         if predict_flag.value:
             if not flops_flag.value or flops_flag.value <= 0:
                 cli.fail("--predict needs --flops=C, a positive budget, e.g. --flops=1e15")

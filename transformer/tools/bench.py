@@ -12,7 +12,7 @@ One process measures, in alternating rounds so that both sides see the same mach
   autodiff), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
-- decoding: `decode.generate_tokens` (prefill + one compiled scan) against HF `generate` with
+- decoding: `decode.generate_tokens` (prefill + compiled `lax.while_loop`s) against HF `generate` with
   its KV cache, greedy, batch 1 and 8, --new_tokens after a --prompt_len prompt; the decode
   model's context is the next power of two that holds both (the same for the peer);
 - prefill latency: the same programs asked for one new token;
@@ -138,7 +138,7 @@ class OurTraining:
 
 
 class OurDecoding:
-    """`decode.generate_tokens` (prefill + scan), greedy, a fresh donated cache per call."""
+    """`decode.generate_tokens` (prefill + while loops), greedy, a fresh donated cache per call."""
 
     def __init__(self, model_config, params, batch, prompt_len, new_tokens, counter):
         self.config, self.params, self.batch, self.counter = model_config, params, batch, counter

@@ -5,8 +5,10 @@
     python -m transformer explain --workdir=runs/default   # a trained model's numbers
 
 Prints, for one head: Q, K, V → scores Q Kᵀ → ÷ √d_k → causal mask → softmax →
-weights · V. The model runs as it trains (on CPU by default with bfloat16 matmul inputs and
-float32 accumulation, `kernels.compute_dtype`). Q, K and V are the ones the model computed
+weights · V. The model runs as it trains, in its `kernels.compute_dtype`: a trained run in the
+mode it recorded; the small random model in what `model.matmul=auto` picks on this machine
+(model/kernels/auto.py: bfloat16 matmul inputs with float32 accumulation on CPUs that multiply
+bfloat16 natively, AMX or AVX512_BF16; float32 on the others, e.g. AVX2-only CPUs). Q, K and V are the ones the model computed
 (sown by model/gpt.py); the weights and the output come from the project's own
 `attention.dot_product_attention` in the model's compute dtype, and the model's own sown
 weights are compared too; every step is then recomputed in plain NumPy (float64, with the

@@ -111,13 +111,15 @@ def _short(v):
 # --- Model FLOPs utilisation -------------------------------------------------------------
 # Dense peak FLOP/s per chip from the vendors' datasheets (no sparsity), by the substring of
 # `jax.devices()[0].device_kind` that names the chip. Checked in order: "H100" before "H10".
+# "tf32": what a float32 matmul runs at on NVIDIA GPUs from Ampere on, where XLA computes
+# float32 dots in TF32 at jax's default matmul precision (`float32_matmul_precision`).
 PEAK_FLOPS = {  # device kind: {dtype: FLOP/s}
-    "H200": {"bfloat16": 989e12, "float32": 67e12},
-    "H100": {"bfloat16": 989e12, "float32": 67e12},   # SXM; PCIe is ~756 / 51
-    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
-    "L4": {"bfloat16": 121e12, "float32": 30e12},
-    "A10": {"bfloat16": 125e12, "float32": 31e12},
-    "V100": {"bfloat16": 125e12, "float32": 15.7e12},   # fp16 tensor cores
+    "H200": {"bfloat16": 989e12, "tf32": 494.7e12, "float32": 67e12},
+    "H100": {"bfloat16": 989e12, "tf32": 494.7e12, "float32": 67e12},  # SXM; PCIe ~756/378/51
+    "A100": {"bfloat16": 312e12, "tf32": 156e12, "float32": 19.5e12},
+    "L4": {"bfloat16": 121e12, "tf32": 60e12, "float32": 30e12},
+    "A10": {"bfloat16": 125e12, "tf32": 62.5e12, "float32": 31e12},
+    "V100": {"bfloat16": 125e12, "float32": 15.7e12},   # fp16 tensor cores; no TF32
     "TPU v6": {"bfloat16": 918e12, "float32": 918e12 / 4},
     "TPU v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
     "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},  # v5e
@@ -125,6 +127,26 @@ PEAK_FLOPS = {  # device kind: {dtype: FLOP/s}
     "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
     "TPU v3": {"bfloat16": 123e12, "float32": 123e12 / 4},
 }
+
+
+def float32_matmul_precision(device) -> str:
+    """What a float32 matmul on `device` runs as at jax's current default matmul precision
+    (`jax_default_matmul_precision`, or the `jax.default_matmul_precision` context):
+    "float32" when it asks for full float32 ("highest" / "float32"), or on a CPU; otherwise
+    "tf32" on an NVIDIA GPU with TF32 (unless NVIDIA_TF32_OVERRIDE=0) and "bfloat16" on a TPU
+    at the default precision (one bfloat16 pass)."""
+    import os
+
+    import jax
+
+    precision = str(jax.config.jax_default_matmul_precision or "default").lower()
+    if device.platform == "cpu" or precision in ("highest", "float32"):
+        return "float32"
+    if device.platform == "gpu":
+        return "float32" if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0" else "tf32"
+    if device.platform == "tpu" and precision in ("default", "bfloat16", "fastest"):
+        return "bfloat16"
+    return "float32"
 
 
 _MEASURED_PEAK: dict = {}
@@ -163,6 +185,10 @@ def peak_flops(dtype: str = "float32", device=None) -> tuple[float, str]:
     if device.platform != "cpu":
         for kind, peaks in PEAK_FLOPS.items():
             if kind.lower() in device.device_kind.lower():
+                used = float32_matmul_precision(device) if dtype == "float32" else dtype
+                if used in peaks and used != dtype:  # the peak of the precision run
+                    return peaks[used], (f"datasheet ({kind}; float32 matmuls run as {used} "
+                                         "at jax's default precision)")
                 return peaks[dtype], f"datasheet ({kind})"
     return measure_matmul_peak(dtype), f"measured ({device.device_kind} matmul)"
 

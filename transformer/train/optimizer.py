@@ -13,10 +13,12 @@ A shape rule (`ndim >= 2`) gets this wrong twice: the per-head query/key/value b
 [H, K], and with `model.scan_layers=True` every block parameter carries a leading layer
 axis, so all norm scales and biases become 2-D and would be decayed.
 
-Schedules (`train.schedule`), each after a linear warmup from 0 over `train.warmup_steps`:
-    cosine    cosine from lr down to lr·min_lr_ratio at the last step
+Schedules (`train.schedule`), each after a linear warmup over `train.warmup_steps` updates
+(lr/warmup_steps, 2·lr/warmup_steps, ..., lr: no update is wasted at lr = 0):
+    cosine    cosine from lr down to exactly lr·min_lr_ratio at the last update
     wsd       warmup-stable-decay: lr held until the last `train.decay_fraction` of the steps,
-              then down to lr·min_lr_ratio along `train.decay_shape`:
+              then down to exactly lr·min_lr_ratio (at the last update) along
+              `train.decay_shape`:
               linear 1-p, cosine (1+cos πp)/2, sqrt 1-√p (p: progress through the decay)
     constant  lr after warmup, no decay
 WSD lets one run be cut anywhere and cooled down (Hägele et al. 2024), which is what makes
@@ -62,19 +64,28 @@ def _decay_factor(shape: str, p):
 
 
 def learning_rate(t):
-    """The schedule `train` describes, as a function of the update count (0 = first update)."""
+    """The schedule `train` describes, as a function of the update count: 0 is the first of
+    `train.steps` updates, steps - 1 the last.
+
+    Both ends are updates that count: the first gets lr/warmup_steps (never 0, which would
+    waste a step), the warmup reaches lr at update warmup_steps - 1, and the last update gets
+    exactly lr·min_lr_ratio (cosine and WSD). The decay runs over progress
+    p = (count - start) / (steps - 1 - start), from p = 0 at `start` (an update at the peak)
+    to p = 1 at the last update."""
     peak, end = t.lr, t.lr * t.min_lr_ratio
     warmup = min(t.warmup_steps, max(t.steps - 1, 0))
+    start = max(warmup - 1, 0)  # the last update at the peak before the decay
     if t.schedule == "wsd":
         decay_steps = max(1, round(t.decay_fraction * t.steps))
-        start, shape = max(warmup, t.steps - decay_steps), t.decay_shape
+        start, shape = max(start, t.steps - 1 - decay_steps), t.decay_shape
     else:
-        start, shape = warmup, "cosine"
+        shape = "cosine"
+    span = max(t.steps - 1 - start, 1)
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32)
-        warm = peak * step / max(warmup, 1)
-        p = jnp.clip((step - start) / max(t.steps - start, 1), 0.0, 1.0)
+        warm = peak * (step + 1) / max(warmup, 1)
+        p = jnp.clip((step - start) / span, 0.0, 1.0)
         after = (jnp.full_like(step, peak) if t.schedule == "constant"
                  else end + (peak - end) * _decay_factor(shape, p))
         return jnp.where(step < warmup, warm, after)

@@ -24,7 +24,7 @@ import jax
 
 from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, resume
 from transformer.model import flops, sizes
 from transformer.model.gpt import count_params
 from transformer.model.kernels import auto as matmul_auto
@@ -62,6 +62,9 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         if plan.found:
             metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
             log(f"resuming from step {plan.found.step}")
+            changed = resume.computing_differently(plan.changes)
+            if changed:
+                log(changed)
         log(summary(plan.config, state.params, plan.tokenizer,
                     data.corpus.describe(plan.config.data.corpus)))
         log(matmul_auto.describe(matmul))

@@ -66,6 +66,7 @@ class Plan:
     source: Any                       # the batches (data.load)
     found: checkpoint.Restored | None  # the checkpoint to continue from
     damaged: list[int]                # steps to move aside before saving again
+    changes: dict = dataclasses.field(default_factory=dict)  # vs the checkpoint's config
 
 
 def abstract_checkpoint(config, mesh=None):
@@ -105,10 +106,11 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
         config, tokenizer = _init_from(config)  # None: data.tokenizer decides
     tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
     config = resolve(config, tokenizer)
+    diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
-    return Plan(Path(workdir), config, tokenizer, source, found, damaged)
+    return Plan(Path(workdir), config, tokenizer, source, found, damaged, diffs)
 
 
 def _init_from(config):

@@ -81,11 +81,19 @@ def _flax_dense(features, axis=-1, **kwargs) -> nn.Module:
 def _attention(config) -> tuple[Callable, Callable]:
     """(self_attention, cached_attention)."""
     if config.attention_kernel in ("jax", "cudnn"):
-        def jax_kernel(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, implementation=None):
-            return attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS,
-                                           implementation), None
         fused = "cudnn" if config.attention_kernel == "cudnn" else None
-        return functools.partial(jax_kernel, implementation=fused), jax_kernel
+
+        def causal_kernel(q_BHTK, k_BGTK, v_BGTK, mask_11TT):
+            # Training and scoring: the mask is the model's causal one (causal_mask(T, w)),
+            # so the kernel is told so instead of reading it (no dense mask, no bias).
+            del mask_11TT
+            return attention.jax_causal_attention(q_BHTK, k_BGTK, v_BGTK,
+                                                  config.sliding_window, fused), None
+
+        def cached_kernel(q_BHTK, k_BGSK, v_BGSK, mask_BHTS):
+            # Decoding: queries against a partly filled (or ring) cache need the explicit mask.
+            return attention.jax_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS), None
+        return causal_kernel, cached_kernel
     mode = matmul_mode(config)
     if mode == "plain":
         return attention.causal_attention, attention.dot_product_attention
@@ -128,15 +136,14 @@ def decode_setup(config, params, batch: int):
     """(config, params) for a decode loop over `batch` rows.
 
     In `fast_bf16` mode the dense kernels are cast to bfloat16 once, before the token loop
-    (each step would otherwise read the float32 weights and write bf16 copies). A single row
-    keeps float32 weights (`fast_f32`): decoding one row is bound by reading the weights, and
-    XLA-CPU's float32 matrix-vector product beat its bfloat16 one, so one row decodes faster
-    and more precisely.
+    (each step would otherwise read the float32 weights and write bf16 copies). Every batch
+    size keeps the mode it was given: a single row in `fast_f32` would be a little faster on
+    XLA-CPU (bound by reading the weights, and its float32 matrix-vector product beat the
+    bfloat16 one), but then sample 0 of `--num_samples=1` would be computed in another
+    precision than sample 0 of `--num_samples=2`, and differ from it.
     """
     if matmul_mode(config) != "fast_bf16":
         return config, params
-    if batch == 1:
-        return dataclasses.replace(config, matmul="fast_f32"), params
     return config, jax.tree_util.tree_map_with_path(
         lambda path, x: x.astype(jnp.bfloat16) if getattr(path[-1], "key", None) == "kernel"
         else x, params)

@@ -5,8 +5,9 @@
 
 The run set-up (train.py via training.train, sample.py, the bench) resolves `auto` once, prints
 the choice and its reason, and saves the resolved mode with the run; an explicit
-`model.matmul=...` always wins. The modes compute the same function of the same parameters,
-so a run continues under another mode (resume.py lets `model.matmul` change freely).
+`model.matmul=...` always wins. The modes use the same parameters, so a checkpoint loads
+under any of them; but fast_bf16 computes in another precision, so resuming a run under a
+mode of the other precision must be allowed (resume.py).
 
 How the CPU choice is made: by the CPU's features, not by timing. `fast_bf16` casts matmul
 inputs to bfloat16; that is only faster where the CPU multiplies bfloat16 natively
