@@ -31,7 +31,8 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "Keep the k most likely tokens (0: all
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Keep the smallest set with this much probability.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
-_STOP = flags.DEFINE_string("stop", None, "End a sample at this token (e.g. a newline).")
+_STOP = flags.DEFINE_multi_string("stop", None, "End a sample before this text (e.g. a "
+                                   "newline); repeat for several: the first match ends it.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _NO_STREAM = flags.DEFINE_boolean("no_stream", False, "Print a sample when it is complete, "
                                   "not as it is produced.")
@@ -46,6 +47,8 @@ def main(argv):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
+    if any(not stop for stop in _STOP.value or []):
+        cli.fail("--stop is empty: give the text that ends a sample, e.g. --stop=$'\\n'")
     config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value)
     from transformer.generate import text as textgen
 

@@ -94,7 +94,7 @@ ROWS = [
      "trained"),
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
-    ("sample: stop of two tokens", "sample", ["--workdir={W}", "--stop=ab"], "stop=", "trained"),
+    ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),
 ]
 
 
