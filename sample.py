@@ -12,6 +12,7 @@ when complete (several samples are always printed when complete).
 """
 
 import sys
+from pathlib import Path
 
 from absl import flags
 
@@ -45,6 +46,8 @@ def main(argv):
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     if (_WORKDIR.value is None) == (_HF.value is None):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
+        cli.fail(_no_folder(Path(_WORKDIR.value)))
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
     if any(not stop for stop in _STOP.value or []):
@@ -65,6 +68,17 @@ def main(argv):
         return
     for i, text in enumerate(texts):
         print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+
+
+def _no_folder(path: Path) -> str:
+    """--workdir names nothing (a typo, often): say so, with the runs that do exist there."""
+    if path.exists():
+        return f"--workdir={path} is a file, not a run's folder"
+    parent = path.parent
+    runs = sorted(p.name for p in parent.iterdir() if (p / "checkpoints").is_dir()) \
+        if parent.is_dir() else []
+    return (f"--workdir={path}: no such folder"
+            + (f" ({parent} holds the runs {', '.join(runs)})" if runs else ""))
 
 
 class _StreamPrinter:

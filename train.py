@@ -19,6 +19,7 @@ Several devices and hosts (docs: "Scaling out"):
     python train.py --distributed        # TPU pods, SLURM: the launcher's environment says it all
 """
 
+import sys
 from pathlib import Path
 
 from absl import flags
@@ -31,9 +32,12 @@ from transformer import config as config_lib
 from transformer.train import faults
 
 _HERE = Path(__file__).resolve().parent
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", str(_HERE / "configs" / "default.py"), "A config file (Python, get_config()).",
-    lock_config=True)
+try:  # the default file is loaded here, and --config.x.y overrides are applied to it now
+    _CONFIG = config_flags.DEFINE_config_file(
+        "config", str(_HERE / "configs" / "default.py"), "A config file (Python, get_config()).",
+        lock_config=True)
+except (KeyError, AttributeError) as e:
+    cli.fail(cli.unknown_key(e, sys.argv[1:]))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go "
                                "(default: runs/<config file name>).")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
@@ -78,9 +82,17 @@ def main(argv):
     from transformer.train import trainer as training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
-    state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
-                                 allow_change=_ALLOW_CHANGE.value,
-                                 hooks=faults.TestHooks.from_env())  # tests' kill hooks
+    try:
+        state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
+                                     allow_change=_ALLOW_CHANGE.value,
+                                     hooks=faults.TestHooks.from_env())  # tests' kill hooks
+    except cli.USER_ERRORS as e:  # the default config against a run trained with another
+        if flags.FLAGS["config"].present or not (Path(workdir) / "checkpoints").is_dir() \
+                or type(e).__name__ == "WorkdirError":  # in use: not a question of config
+            raise
+        raise config_lib.ConfigError(f"{e}; train.py without --config uses configs/default.py, "
+                                     f"and this run was trained with: {_trained_with(workdir)}"
+                                     ) from None
     config = training.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:
@@ -94,6 +106,37 @@ def main(argv):
     if jax.process_index() != 0:
         return
     print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
+
+
+def _trained_with(workdir) -> str:
+    """The command line that gives the config saved in `workdir`'s checkpoint: the file under
+    configs/ closest to it, plus an override per field that differs (free fields aside)."""
+    import importlib.util
+    import shlex
+
+    from transformer.config import resume
+    from transformer.train import checkpoint
+
+    saved = checkpoint.Checkpoints(workdir, read_only=True).read_meta()["config"]
+    best = None
+    for path in sorted((_HERE / "configs").glob("*.py")):
+        try:
+            spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            candidate = config_lib.to_dict(config_lib.validate(module.get_config()))
+        except Exception:  # noqa: BLE001 -- a config that does not load is no candidate
+            continue
+        diffs = {k: old for k, (old, _) in resume.differences(saved, candidate).items()
+                 if k not in resume.FREE}
+        if best is None or len(diffs) < len(best[1]):
+            best = (path, diffs)
+    if best is None:
+        return "a config no file under configs/ gives"
+    path, diffs = best
+    overrides = [f"--config.{k}={shlex.quote(str(v))}" for k, v in sorted(diffs.items())]
+    return " ".join(["python train.py", f"--config={path.relative_to(_HERE)}", *overrides,
+                     f"--workdir={workdir}"])
 
 
 if __name__ == "__main__":

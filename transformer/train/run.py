@@ -57,9 +57,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         metrics_log = MetricsLog(plan.workdir, enabled=main_process)
         # This invocation's first line names its kernels (a resumed run may run other ones).
         metrics_log.add_to_next(matmul=matmul.mode, matmul_reason=matmul.reason)
+        finished = plan.found is not None and plan.found.step >= plan.config.train.steps
         if plan.found:
             metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
-            log(f"resuming from step {plan.found.step}")
+            log(finished_line(plan.workdir, plan.found.step) if finished else
+                f"resuming from step {plan.found.step}")
+            progress = progress and not finished
         log(summary(plan.config, state.params, plan.tokenizer,
                     data.corpus.describe(plan.config.data.corpus)))
         log(matmul_auto.describe(matmul))
@@ -69,6 +72,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress,
                           hooks, log)
     return state, plan.tokenizer
+
+
+def finished_line(workdir, step: int) -> str:
+    return (f"{workdir} is finished: its checkpoint is at step {step} = train.steps; to train "
+            f"longer pass --config.train.steps=N (N > {step}) --allow_change=train.steps; "
+            f"to sample: python sample.py --workdir={workdir}")
 
 
 def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress, hooks,
