@@ -107,6 +107,10 @@ def _load():
 
     if _HF.value is not None:
         model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
+        if hf_import.tokenizer(_HF.value) is None and model_config.vocab_size > 256:
+            cli.fail(f"--hf={_HF.value}: no tokenizer.json and vocab_size="
+                     f"{model_config.vocab_size}: ids above 255 have no text without the "
+                     "model's own tokenizer; put its tokenizer.json in the folder")
         return "hf", model_config, params, tokenizer
     ckpts = checkpoint.Checkpoints(_WORKDIR.value, read_only=True)
     # Only committed checkpoints are visible (a save in progress is a tmp folder), and a

@@ -23,6 +23,7 @@ import jax
 
 from transformer import config as config_lib
 from transformer import data
+from transformer.hf import load as hf_import
 from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
 from transformer.train import checkpoint
@@ -63,6 +64,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
             log(finished_line(plan.workdir, plan.found.step) if finished else
                 f"resuming from step {plan.found.step}")
             progress = progress and not finished
+        elif plan.config.train.init_from:
+            log(hf_import.describe(plan.config, plan.tokenizer))
         log(summary(plan.config, state.params, plan.tokenizer,
                     data.corpus.describe(plan.config.data.corpus)))
         log(matmul_auto.describe(matmul))
