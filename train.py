@@ -19,7 +19,10 @@ Several devices and hosts (docs: "Scaling out"):
     python train.py --distributed        # TPU pods, SLURM: the launcher's environment says it all
 """
 
+import contextlib
+import os
 import sys
+import threading
 from pathlib import Path
 
 from absl import flags
@@ -47,6 +50,8 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0, to train on several hosts.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes in all.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's number, 0..n-1.")
+_JOIN_TIMEOUT = flags.DEFINE_integer("join_timeout", 300, "Seconds a process waits for the "
+                                     "others at the coordinator before it gives up.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-host run described by "
                                  "the environment (TPU pods, SLURM): jax.distributed.initialize().")
 
@@ -60,13 +65,53 @@ def init_distributed() -> None:
     if given:
         if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
             cli.fail(f"process_id={_PROCESS_ID.value}: must be in [0, {_NUM_PROCESSES.value - 1}]")
+        if _JOIN_TIMEOUT.value <= 0:
+            cli.fail(f"--join_timeout={_JOIN_TIMEOUT.value}: must be a positive number of seconds")
         import jax
-        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                                   num_processes=_NUM_PROCESSES.value,
-                                   process_id=_PROCESS_ID.value)
+        where = f"the coordinator {_COORDINATOR.value}"
+        print(f"process {_PROCESS_ID.value} of {_NUM_PROCESSES.value}: waiting for the others at "
+              f"{where} (giving up after {_JOIN_TIMEOUT.value} s, --join_timeout)", flush=True)
+        with _give_up_after(_JOIN_TIMEOUT.value, f"process {_PROCESS_ID.value} of "
+                            f"{_NUM_PROCESSES.value}: not every process joined at {where} within "
+                            f"{_JOIN_TIMEOUT.value} s; start all {_NUM_PROCESSES.value} with the "
+                            "same --coordinator_address and --num_processes"):
+            # JAX's own timeout kills the process with a C++ stack trace: ours comes first.
+            jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                                       num_processes=_NUM_PROCESSES.value,
+                                       process_id=_PROCESS_ID.value,
+                                       initialization_timeout=_JOIN_TIMEOUT.value + 60)
     elif _DISTRIBUTED.value:
         import jax
         jax.distributed.initialize()
+    if given or _DISTRIBUTED.value:
+        _quiet_unless_process_0()
+
+
+@contextlib.contextmanager
+def _give_up_after(seconds: int, message: str):
+    """Ends the program with one error line if the block has not finished in `seconds` (a
+    process of a multi-process run started alone would otherwise wait in silence)."""
+    def give_up():
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)  # the waiting call holds the main thread; nothing else can end it
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _quiet_unless_process_0() -> None:
+    """Only process 0 prints (docs/scaling-out.md): the others' standard output, where the
+    Gloo collectives library announces its connections, goes nowhere. Errors still show."""
+    import jax
+    if jax.process_index() != 0:
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
 
 
 def main(argv):

@@ -90,7 +90,7 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     begin, first = time.perf_counter(), int(state.step)
     end = t.steps if stop_at is None else min(stop_at, t.steps)
     ckpts = checkpoint.Checkpoints(plan.workdir, keep=t.keep_checkpoints)
-    bar = Progress(first, t.steps, enabled=progress)
+    bar = Progress(first, t.steps, enabled=progress, lines=jax.process_index() == 0)
     hooks.install()
     guard = NonFiniteGuard(t.nonfinite, skipped)
     loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
