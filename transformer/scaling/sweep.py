@@ -422,7 +422,9 @@ def _plots(workdir, rows, ok, by_group):
         plot.plot_scaling([r["flops"] for r in points], [r["val_loss"] for r in points], fit_c,
                           workdir / "loss_vs_compute.png", "training compute C (FLOPs)", labels),
         plot.plot_runs([r["workdir"] for r in rows], workdir / "loss_curves.png",
-                       labels=[r["name"] for r in rows], title="sweep"),
+                       labels=[r["name"] for r in rows], title="sweep",
+                       color_by=[r["params_non_embedding"] for r in rows],
+                       color_label="non-embedding parameters N"),
     ]
 
 
