@@ -171,6 +171,7 @@ def _style_ticks(ticks) -> None:
         if text and all(ch in WHITESPACE.values() for ch in text):
             tick.set_color("tab:red")
             tick.set_fontweight("bold")
+            tick.set_fontsize(12)
         elif text == CONTINUED:
             tick.set_color("0.55")
 
@@ -194,13 +195,17 @@ def plot_layer(weights_HTT, labels, title, path):
             continue
         image = ax.imshow(weights_HTT[h], cmap="viridis", vmin=0.0, vmax=1.0)
         ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xticks(range(T), labels, rotation=90, fontsize=8, family=families)
-        ax.set_yticks(range(T), labels, fontsize=8, family=families)
+        # One character stands upright under its column; longer labels turn sideways.
+        upright = all(len(label) <= 1 for label in labels)
+        ax.set_xticks(range(T), labels, rotation=0 if upright else 90, fontsize=9,
+                      family=families)
+        ax.set_yticks(range(T), labels, fontsize=9, family=families)
         _style_ticks(ax.get_xticklabels())
         _style_ticks(ax.get_yticklabels())
         ax.set_xlabel("key (attended to)", fontsize=8)
         if h % cols == 0:
             ax.set_ylabel("query (attending)", fontsize=8)
+    fig.get_layout_engine().set(hspace=0.06)  # a head's title clear of the key label above
     bar = fig.colorbar(image, ax=axes, shrink=0.6, pad=0.02)
     bar.set_label("attention weight (each row sums to 1)", fontsize=8)
     fig.suptitle(title, fontsize=11)
