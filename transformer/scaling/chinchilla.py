@@ -59,15 +59,17 @@ def parabola_minimum(x, y):
 
 def approach2(runs) -> dict | None:
     """Per-budget minima and the power laws N_opt = k_N C^a, D_opt = k_D C^b; None unless at
-    least two budgets have a valley."""
-    budgets = {}
+    least two budgets have a valley. `no_valley` lists the budgets left out (their loss has
+    no minimum in log N: it falls or rises across the sizes tried)."""
+    budgets, no_valley = {}, []
     for C in sorted({r["C"] for r in runs}):
         at = [r for r in runs if r["C"] == C]
         N, D, loss = _arrays(at, "N", "D", "loss")
         logN, logD = np.log(N), np.log(D)
         n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
         if n_min is None or d_min is None or max(abs(n_min[0]), abs(d_min[0])) > 700:
-            continue  # no valley, or one so flat its vertex overflows exp (a bootstrap resample)
+            no_valley.append(C)  # or one so flat its vertex overflows exp (a resample)
+            continue
         budgets[C] = dict(N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
                           loss_opt=float(np.polyval(n_min[1], n_min[0])), parabola=n_min[1],
                           inside=bool(logN.min() <= n_min[0] <= logN.max()))
@@ -79,7 +81,7 @@ def approach2(runs) -> dict | None:
     if not (np.isfinite([a, b]).all() and max(abs(log_kN), abs(log_kD)) < 700):
         return None
     return dict(budgets=budgets, a=float(a), b=float(b), kN=math.exp(log_kN),
-                kD=math.exp(log_kD))
+                kD=math.exp(log_kD), no_valley=no_valley)
 
 
 def approach2_optimum(f: dict, C: float):

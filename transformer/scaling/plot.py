@@ -171,8 +171,9 @@ def plot_isoflop(runs, a2, a3, cost, out) -> Path:
     for C, color in zip(budgets, colors):
         at = sorted((r for r in runs if r["C"] == C), key=lambda r: r["N"])
         N = np.array([r["N"] for r in at], float)
-        ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {C:.2g}")
         fitted = (a2 or {}).get("budgets", {}).get(C)
+        note = "" if fitted or not a2 else " (no valley: not fitted)"
+        ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {C:.2g}{note}")
         if fitted:
             grid = np.geomspace(N.min() / 1.3, N.max() * 1.3, 100)
             ax.plot(grid, np.polyval(fitted["parabola"], np.log(grid)), "-", color=color, lw=1)

@@ -334,8 +334,14 @@ def _fits(ok) -> dict:
                                    [r["tokens"] for r in ok], [r["val_loss"] for r in ok]),
     }
     lines = []
+    isoflop = bool(ok) and ok[0]["budget"] == "flops"
     for name, f in fits.items():
         x = {"L(N)": "N", "L(C)": "C", "L(N,D)": "N"}[name]
+        if name == "L(N)" and isoflop:
+            lines.append("L(N): not fitted for an IsoFLOP sweep (at a fixed budget a larger "
+                         "model sees fewer tokens: a valley, not a power law; see the "
+                         "compute-optimal fits below)")
+            continue
         lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"))
     if len(budgets) > 1 and largest:
         lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget)")
