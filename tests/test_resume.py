@@ -164,7 +164,8 @@ def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseli
     print("final run:", out.stdout.splitlines()[0])
     assert sum(status == -signal.SIGKILL for _, status, *_ in kills) >= 3
     assert out.returncode == 0, out.stderr
-    assert "resuming from step" in out.stdout
+    # (the last killed run may have finished first on a fast machine: then it says so)
+    assert "resuming from step" in out.stdout or "is finished" in out.stdout
     assert not in_flight(workdir), "leftover tmp folders are cleaned when a writer opens"
     assert_bitwise_equal(workdir, baseline[1])
 
