@@ -12,6 +12,7 @@ when complete (several samples are always printed when complete).
 """
 
 import sys
+from pathlib import Path
 
 from absl import flags
 
@@ -31,7 +32,8 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "Keep the k most likely tokens (0: all
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Keep the smallest set with this much probability.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
-_STOP = flags.DEFINE_string("stop", None, "End a sample at this token (e.g. a newline).")
+_STOP = flags.DEFINE_multi_string("stop", None, "End a sample before this text (e.g. a "
+                                   "newline); repeat for several: the first match ends it.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _NO_STREAM = flags.DEFINE_boolean("no_stream", False, "Print a sample when it is complete, "
                                   "not as it is produced.")
@@ -44,8 +46,12 @@ def main(argv):
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     if (_WORKDIR.value is None) == (_HF.value is None):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
+        cli.fail(_no_folder(Path(_WORKDIR.value)))
     if not _PROMPT.value:
         cli.fail("--prompt is empty: give at least one character to continue")
+    if any(not stop for stop in _STOP.value or []):
+        cli.fail("--stop is empty: give the text that ends a sample, e.g. --stop=$'\\n'")
     config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value)
     from transformer.generate import text as textgen
 
@@ -62,6 +68,17 @@ def main(argv):
         return
     for i, text in enumerate(texts):
         print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+
+
+def _no_folder(path: Path) -> str:
+    """--workdir names nothing (a typo, often): say so, with the runs that do exist there."""
+    if path.exists():
+        return f"--workdir={path} is a file, not a run's folder"
+    parent = path.parent
+    runs = sorted(p.name for p in parent.iterdir() if (p / "checkpoints").is_dir()) \
+        if parent.is_dir() else []
+    return (f"--workdir={path}: no such folder"
+            + (f" ({parent} holds the runs {', '.join(runs)})" if runs else ""))
 
 
 class _StreamPrinter:
@@ -86,6 +103,10 @@ def _load():
         from transformer.hf import load as hf_load
 
         model_config, params, tokenizer = hf_load.load_pretrained(_HF.value)
+        if hf_load.tokenizer(_HF.value) is None and model_config.vocab_size > 256:
+            cli.fail(f"--hf={_HF.value}: no tokenizer.json and vocab_size="
+                     f"{model_config.vocab_size}: ids above 255 have no text without the "
+                     "model's own tokenizer; put its tokenizer.json in the folder")
         return "hf", model_config, params, tokenizer
     from transformer import checkpoint
 

@@ -19,6 +19,10 @@ Several devices and hosts (docs: "Scaling out"):
     python train.py --distributed        # TPU pods, SLURM: the launcher's environment says it all
 """
 
+import contextlib
+import os
+import sys
+import threading
 from pathlib import Path
 
 from absl import flags
@@ -31,9 +35,12 @@ from transformer import config as config_lib
 from transformer.train import faults
 
 _HERE = Path(__file__).resolve().parent
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", str(_HERE / "configs" / "default.py"), "A config file (Python, get_config()).",
-    lock_config=True)
+try:  # the default file is loaded here, and --config.x.y overrides are applied to it now
+    _CONFIG = config_flags.DEFINE_config_file(
+        "config", str(_HERE / "configs" / "default.py"), "A config file (Python, get_config()).",
+        lock_config=True)
+except (KeyError, AttributeError) as e:
+    cli.fail(cli.unknown_key(e, sys.argv[1:]))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go "
                                "(default: runs/<config file name>).")
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
@@ -43,6 +50,8 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0, to train on several hosts.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes in all.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's number, 0..n-1.")
+_JOIN_TIMEOUT = flags.DEFINE_integer("join_timeout", 300, "Seconds a process waits for the "
+                                     "others at the coordinator before it gives up.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-host run described by "
                                  "the environment (TPU pods, SLURM): jax.distributed.initialize().")
 
@@ -56,13 +65,53 @@ def init_distributed() -> None:
     if given:
         if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
             cli.fail(f"process_id={_PROCESS_ID.value}: must be in [0, {_NUM_PROCESSES.value - 1}]")
+        if _JOIN_TIMEOUT.value <= 0:
+            cli.fail(f"--join_timeout={_JOIN_TIMEOUT.value}: must be a positive number of seconds")
         import jax
-        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                                   num_processes=_NUM_PROCESSES.value,
-                                   process_id=_PROCESS_ID.value)
+        where = f"the coordinator {_COORDINATOR.value}"
+        print(f"process {_PROCESS_ID.value} of {_NUM_PROCESSES.value}: waiting for the others at "
+              f"{where} (giving up after {_JOIN_TIMEOUT.value} s, --join_timeout)", flush=True)
+        with _give_up_after(_JOIN_TIMEOUT.value, f"process {_PROCESS_ID.value} of "
+                            f"{_NUM_PROCESSES.value}: not every process joined at {where} within "
+                            f"{_JOIN_TIMEOUT.value} s; start all {_NUM_PROCESSES.value} with the "
+                            "same --coordinator_address and --num_processes"):
+            # JAX's own timeout kills the process with a C++ stack trace: ours comes first.
+            jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                                       num_processes=_NUM_PROCESSES.value,
+                                       process_id=_PROCESS_ID.value,
+                                       initialization_timeout=_JOIN_TIMEOUT.value + 60)
     elif _DISTRIBUTED.value:
         import jax
         jax.distributed.initialize()
+    if given or _DISTRIBUTED.value:
+        _quiet_unless_process_0()
+
+
+@contextlib.contextmanager
+def _give_up_after(seconds: int, message: str):
+    """Ends the program with one error line if the block has not finished in `seconds` (a
+    process of a multi-process run started alone would otherwise wait in silence)."""
+    def give_up():
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)  # the waiting call holds the main thread; nothing else can end it
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _quiet_unless_process_0() -> None:
+    """Only process 0 prints (docs/scaling-out.md): the others' standard output, where the
+    Gloo collectives library announces its connections, goes nowhere. Errors still show."""
+    import jax
+    if jax.process_index() != 0:
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
 
 
 def main(argv):
@@ -78,9 +127,17 @@ def main(argv):
     from transformer.train import trainer as training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
-    state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
-                                 allow_change=_ALLOW_CHANGE.value,
-                                 hooks=faults.TestHooks.from_env())  # tests' kill hooks
+    try:
+        state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
+                                     allow_change=_ALLOW_CHANGE.value,
+                                     hooks=faults.TestHooks.from_env())  # tests' kill hooks
+    except cli.USER_ERRORS as e:  # the default config against a run trained with another
+        if flags.FLAGS["config"].present or not (Path(workdir) / "checkpoints").is_dir() \
+                or type(e).__name__ == "WorkdirError":  # in use: not a question of config
+            raise
+        raise config_lib.ConfigError(f"{e}; train.py without --config uses configs/default.py, "
+                                     f"and this run was trained with: {_trained_with(workdir)}"
+                                     ) from None
     config = start.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
     s = config.sample
     try:
@@ -94,6 +151,37 @@ def main(argv):
     if jax.process_index() != 0:
         return
     print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
+
+
+def _trained_with(workdir) -> str:
+    """The command line that gives the config saved in `workdir`'s checkpoint: the file under
+    configs/ closest to it, plus an override per field that differs (free fields aside)."""
+    import importlib.util
+    import shlex
+
+    from transformer.config import resume
+    from transformer import checkpoint
+
+    saved = checkpoint.Checkpoints(workdir, read_only=True).read_meta()["config"]
+    best = None
+    for path in sorted((_HERE / "configs").glob("*.py")):
+        try:
+            spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            candidate = config_lib.to_dict(config_lib.validate(module.get_config()))
+        except Exception:  # noqa: BLE001 -- a config that does not load is no candidate
+            continue
+        diffs = {k: old for k, (old, _) in resume.differences(saved, candidate).items()
+                 if k not in resume.FREE}
+        if best is None or len(diffs) < len(best[1]):
+            best = (path, diffs)
+    if best is None:
+        return "a config no file under configs/ gives"
+    path, diffs = best
+    overrides = [f"--config.{k}={shlex.quote(str(v))}" for k, v in sorted(diffs.items())]
+    return " ".join(["python train.py", f"--config={path.relative_to(_HERE)}", *overrides,
+                     f"--workdir={workdir}"])
 
 
 if __name__ == "__main__":

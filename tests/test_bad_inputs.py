@@ -75,7 +75,11 @@ ROWS = [
     ("--allow_change of no field", "train", ["--allow_change=train.nope"], "no such config field",
      "trained"),
     ("sample: no workdir given", "sample", [], "workdir", None),
-    ("sample: missing workdir", "sample", ["--workdir={W}"], "no checkpoints folder", "fresh"),
+    ("sample: missing workdir", "sample", ["--workdir={W}"], "no such folder", "fresh"),
+    ("mistyped field", "train", ["--config.train.step=5"], "did you mean --config.train.steps?",
+     "fresh"),
+    ("steps below the checkpoint's", "train",
+     ["--config.train.steps=2", "--allow_change=train.steps"], "below the checkpoint", "trained"),
     ("sample: workdir without checkpoints", "sample", ["--workdir={W}"], "no checkpoints",
      "empty_dir"),
     ("sample: empty prompt", "sample", ["--workdir={W}", "--prompt="], "empty", "trained"),
@@ -94,7 +98,7 @@ ROWS = [
      "trained"),
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
-    ("sample: stop of two tokens", "sample", ["--workdir={W}", "--stop=ab"], "stop=", "trained"),
+    ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),
 ]
 
 

@@ -127,3 +127,22 @@ def test_load_builds_the_configured_tokenizer(tmp_path):
     tok, source = data.load(c)
     assert tok.vocab_size == 3
     assert source.batch(0, "train", 0, 2)["inputs"].max() < 3
+
+
+def test_reading_a_folder_says_how_much_text_came_from_how_many_files(tmp_path):
+    from transformer.data import corpus as corpus_lib
+    (tmp_path / "a.txt").write_text("a" * 1000)
+    (tmp_path / "b.bin").write_bytes(bytes(range(256)))
+    (tmp_path / "c.txt").write_text("c" * 1000)
+    (tmp_path / "d.txt").write_text("d" * 1000)
+    (tmp_path / "e.txt").write_text("e" * 1000)
+    text = corpus_lib.read_corpus(str(tmp_path), max_bytes=1500)
+    assert text == "a" * 1000 + "c" * 500
+    r = text.read
+    assert (r.bytes, r.files, r.skipped, r.unused, r.full) == (1500, 2, 1, 2, True)
+    line = corpus_lib.describe(str(tmp_path), r)
+    assert "1.5 KB of text from 2 files" in line and "data.max_bytes=1,500 reached" in line
+    assert "2 more files unused" in line and "1 binary or unreadable files skipped" in line
+    whole = corpus_lib.read_corpus(str(tmp_path / "a.txt"), max_bytes=10_000).read
+    assert (whole.files, whole.full, whole.skipped) == (1, False, 0)
+    assert "reached" not in whole.describe()

@@ -212,6 +212,23 @@ def test_generation_stops_in_the_loop_at_the_end_token(tiny_config, tiny_params)
     assert alone == [free[0][:k]] and steps == list(range(k + 1))
 
 
+def test_on_tokens_can_end_rows_and_the_device_stops_soon_after(tiny_config, tiny_params):
+    """A host callback (a stop string found in a row's text) ends that row: its result ends at
+    that token, and once every row has ended the loop stops within STREAM_EVERY tokens."""
+    prompts = [[1, 2, 3], [7, 8]]
+    free = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=300,
+                           temperature=1.0, seed=3)
+    steps = []
+
+    def end_row_0_at_5_and_row_1_at_9(i, tokens_B, done_B):
+        steps.append(i)
+        return [i >= 5, i >= 9]
+    cut = decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=300,
+                          temperature=1.0, seed=3, on_tokens=end_row_0_at_5_and_row_1_at_9)
+    assert cut == [free[0][:6], free[1][:10]]
+    assert max(steps) < 9 + decode.STREAM_EVERY  # not 300
+
+
 def test_a_prompt_longer_than_the_context_continues_from_its_last_tokens(tiny_config,
                                                                          tiny_params):
     long_prompt = [(7 * i) % 64 for i in range(150)]

@@ -23,3 +23,14 @@ def test_device_check_fails_when_the_bench_fails():
     assert result.returncode == 1
     assert "bench: FAILED" in result.stdout
     assert result.stdout.rstrip().endswith("device check: bench FAILED")
+
+
+def test_device_check_without_pytest_says_to_install_the_test_extra():
+    hide_pytest = ("import importlib.util as u, runpy, sys; real = u.find_spec; "
+                   "u.find_spec = lambda n, *a: None if n in ('pytest', 'xdist') else real(n, *a); "
+                   "sys.argv = ['device_check']; "
+                   "runpy.run_module('transformer.tools.device_check', run_name='__main__')")
+    result = run_cli("-c", hide_pytest, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and '.[test]' in line and "--notests" in line

@@ -109,3 +109,57 @@ def test_paths_the_docs_mention_exist():
             if not (ROOT / path).exists():
                 missing.append(f"{page.name}: {path}")
     assert not missing, missing
+
+
+def _count(overrides: dict, base: str = "configs/default.py") -> int:
+    """Total parameters of a config file plus --config overrides, by the code that
+    `python -m transformer sizes` prints them with."""
+    import importlib.util
+
+    from transformer import config as config_lib
+    from transformer.model import flops
+    from transformer.model.sizes import model_config_of
+    spec = importlib.util.spec_from_file_location("_docs_config", ROOT / base)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.update_from_flattened_dict({k: _parse(v) for k, v in overrides.items()})
+    return flops.param_counts(model_config_of(config_lib.validate(config)))["total"]
+
+
+def _parse(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def test_the_variant_table_counts_the_parameters_the_code_counts():
+    """docs/inside.md: every row's Params equals the config its command names."""
+    text = (ROOT / "docs" / "inside.md").read_text()
+    table = text.split("## What the variants do on the default run")[1]
+    base = dict(re.findall(r"--config\.([\w.]+)=(\S+)", table.split("```")[1]))  # the command
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    checked = 0
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        flags = dict(re.findall(r"--config\.([\w.]+)=([^\s`]+)", cells[1]))
+        want = int(cells[2].replace(",", ""))
+        assert _count({**base, **flags}) == want, row
+        checked += 1
+    assert checked >= 10
+
+
+def test_quick_start_and_sizes_pages_state_the_counts_of_todays_code():
+    quick = (ROOT / "docs" / "quickstart.md").read_text()
+    [stated] = re.findall(r"([\d,]{7,}) parameters", quick)
+    assert int(stated.replace(",", "")) == _count({})
+    # docs/scaling.md shows `sizes` output: its params line is what the command prints today.
+    block = (ROOT / "docs" / "scaling.md").read_text().split("$ python -m transformer sizes ")[1]
+    cmd, printed = block.split("\n", 1)
+    result = run_cli("-m", "transformer", "sizes", *shlex.split(cmd), timeout=120)
+    assert result.returncode == 0, result.stderr
+    params = next(line for line in result.stdout.splitlines() if line.startswith("params:"))
+    assert params in printed, (params, printed[:300])

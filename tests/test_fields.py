@@ -111,3 +111,21 @@ def test_resume_rules_follow_the_numerics():
         assert resume.computing_differently(changed) is None
     with pytest.raises(config_lib.ConfigError, match="model.d_model"):
         resume.check({"model.d_model": (64, 32)}, allowed=(), workdir="runs/x")
+
+
+def test_the_fields_command_lists_every_field_with_default_allowed_values_and_meaning():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformer.config import fields
+    out = subprocess.run([sys.executable, "-m", "transformer", "fields"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    assert set(lines) == {f.name for f in fields.FIELDS}
+    for f in fields.FIELDS:
+        line = lines[f.name]
+        assert repr(f.default) in line and f.doc in line and f.resume in line
+        assert all(str(c) in line for c in f.choices)

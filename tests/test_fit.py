@@ -159,3 +159,38 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder():
     assert d_opt == pytest.approx(best[1], rel=0.01)
     assert loss == pytest.approx(best[2], rel=1e-4)
     assert fits["a2"] is not None and len(fits["a2"]["fitted"]) == 3
+
+
+def test_the_report_names_what_it_leaves_out_and_uses_one_sign_convention():
+    """A budget without a valley is a row saying so (it used to vanish); fewer fitted
+    resamples than asked are counted; the implied exponent is written once; the holdout's
+    two error columns share one sign (predicted - actual)."""
+    import re
+
+    from transformer.scaling import isoflop
+    runs = _isoflop_runs(BUDGETS[:3], noise=0.003, per_budget=5)
+    runs += [dict(C=5e20, N=N, D=1e9, loss=3.0 - 0.01 * i)  # falling: no minimum
+             for i, N in enumerate((1e8, 2e8, 4e8))]
+    for r in runs:
+        r.setdefault("name", f"run{id(r)}")
+    fits = isoflop.fit_all(runs, n_boot=6)
+    text = "\n".join(isoflop.describe(fits))
+    assert re.search(r"\| 5e\+20 \| - .*no valley", text), text
+    fitted = len(fits["boot2"])
+    assert (f"[{fitted} of 6 resamples" in text) if fitted < 6 else "[6 resamples]" in text
+    [implied] = [line for line in text.splitlines() if line.startswith("implied")]
+    assert re.fullmatch(r"implied N_opt ∝ C\^a, a = β/\(α\+β\) = [\d.]+ \[[\d.]+, [\d.]+\]",
+                        implied), implied
+    fits["boot2"] = fits["boot2"][:3]
+    assert "[3 of 6 resamples; 3 could not be fitted" in "\n".join(isoflop.describe(fits))
+
+    held = [dict(r, loss=r["loss"] * 1.05) for r in _isoflop_runs([1e20], per_budget=5)]  # all above the law
+    for r in held:
+        r["name"] = "held"
+    table = isoflop.holdout_lines(_isoflop_runs(BUDGETS[:3], noise=0.003, per_budget=5) + held, "largest",
+                                  n_boot=4)
+    assert any("predicted - actual" in line for line in table)
+    for line in table:
+        if line.startswith("| held"):
+            error_pct, error_hw = (float(x) for x in line.strip("| ").split(" | ")[-2:])
+            assert error_pct < 0 and error_hw < 0  # predicted lower than actual: both negative

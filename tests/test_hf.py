@@ -280,3 +280,37 @@ def test_init_from_config_check_names_the_field(tmp_path):
     config.train.init_from = str(tmp_path / "missing")
     with pytest.raises(config_lib.ConfigError, match="train.init_from="):
         config_lib.validate(config)
+
+
+def test_sample_refuses_an_hf_folder_whose_ids_have_no_text(tmp_path):
+    """No tokenizer.json and a vocabulary above the 256 byte ids: every id >= 256 used to be
+    dropped from the text silently."""
+    _, folder = hf_gpt2(tmp_path)
+    result = run_cli("sample.py", f"--hf={folder}", "--prompt=ab", "--max_new_tokens=5")
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "tokenizer.json" in line and "vocab_size=320" in line
+
+
+@pytest.mark.parametrize("kind", ["byte", "char"])
+def test_init_from_an_exported_run_keeps_its_tokenizer_kind_and_says_what_it_loaded(kind,
+                                                                                     tmp_path):
+    corpus = "the cat sat on the mat. " * 400
+    tok = tokenizers.build(kind, corpus)
+    mc = ModelConfig(**{**BASE, "vocab_size": max(256, tok.vocab_size) if kind == "byte"
+                        else tok.vocab_size})
+    out = export.write_folder(mc, random_params(mc), tok, tmp_path / "hf")
+    loaded = hf_import.tokenizer(out)
+    assert loaded.kind == kind and loaded.encode("the mat") == tok.encode("the mat")
+    (tmp_path / "corpus.txt").write_text(corpus)
+    config = run_config()
+    config.model.update(vocab_size=0)
+    config.data.update(corpus=str(tmp_path / "corpus.txt"), tokenizer="bpe")
+    config.train.update(init_from=str(out), steps=1, batch_size=2, eval_every=1, eval_batches=1,
+                        ckpt_every=1, log_every=1)
+    logged = []
+    run.train(config, tmp_path / "run", log=logged.append, progress=False)
+    lines = "\n".join(logged).splitlines()
+    [init] = [line for line in lines if line.startswith("init: ")]
+    assert str(out) in init and f"{kind} tokenizer (its tokenizer.json)" in init
+    assert any(line.startswith("data: ") and f"{kind} tokenizer" in line for line in lines)

@@ -55,6 +55,10 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
                 p.wait()
     statuses = [p.returncode for p in procs]
     assert statuses == [128 + signal.SIGTERM] * 2, [err[-2000:] for _, err in outputs]
+    # Only process 0 prints: the other's stdout (where Gloo announces its connections) is
+    # its waiting line alone.
+    assert outputs[1][0].strip().startswith("process 1 of 2: waiting for the others")
+    assert len(outputs[1][0].strip().splitlines()) == 1, outputs[1][0][-2000:]
     steps = [int(err.split("stopped by SIGTERM at step ")[1].split(";")[0]) for _, err in outputs]
     assert steps[0] == steps[1] and 0 < steps[0] < 400, steps
 
@@ -91,3 +95,23 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
         assert p.returncode == 0, err[-2000:]
     found = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert found[0] == found[1] == {"step": 2, "damaged": [4]}, found
+
+
+def test_a_process_started_alone_says_it_waits_and_gives_up_in_one_line():
+    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+            f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2",
+            "--process_id=1", "--join_timeout=3"]
+    started = time.monotonic()
+    out = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and time.monotonic() - started < 60, out.stderr[-2000:]
+    assert "waiting for the others at the coordinator" in out.stdout
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "not every process joined" in line
+
+
+def test_progress_lines_are_printed_by_process_0_only(capsys):
+    from transformer.train.metrics import Progress
+    Progress(0, 10, enabled=False, lines=False).write("step 5: val_loss 1.0")
+    Progress(0, 10, enabled=False).write("step 6: val_loss 1.0")
+    err = capsys.readouterr().err
+    assert "step 5" not in err and "step 6" in err

@@ -332,3 +332,71 @@ def test_verify_trains_the_predicted_size_at_four_times_the_largest_budget(tmp_p
     text = "\n".join(lines)
     assert "measured val loss" in text and "% of the prediction" in text
     assert "interval half-widths" in text
+
+
+def _finished_sweep(tmp_path, text=TINY_SWEEP):
+    """A workdir that looks like a finished run of `text` (sweep.json and each member's
+    result.json, written by hand: nothing trains), and the sweep file."""
+    sweep_file = tmp_path / "tiny_sweep.py"
+    sweep_file.write_text(text)
+    namespace = {}
+    exec(compile(text, str(sweep_file), "exec"), namespace)
+    sweep = namespace["get_config"]()
+    workdir = tmp_path / "sweep"
+    workdir.mkdir()
+    names = [m.name for m in scaling.members(sweep)]
+    (workdir / "sweep.json").write_text(json.dumps(
+        {"sweep": json.loads(sweep.to_json()), "members": names}, indent=1))
+    for name in names:
+        (workdir / name).mkdir()
+        (workdir / name / "result.json").write_text(json.dumps({"name": name, "steps": 8}))
+    return sweep_file, sweep, workdir
+
+
+def _snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def test_a_sweep_workdir_refuses_another_sweep_or_a_changed_base(tmp_path):
+    sweep_file, sweep, workdir = _finished_sweep(tmp_path)
+    before = _snapshot(workdir)
+    other = tmp_path / "other_sweep.py"
+    other.write_text(TINY_SWEEP.replace("budgets=[1000]", "budgets=[2000]"))
+    for args, names in (([f"--sweep={other}"], "budgets"),
+                        ([f"--sweep={sweep_file}", "--sweep.base.train.lr=0.01"], "base.train.lr")):
+        refused = _scaling(*args, f"--workdir={workdir}", "--index=0")
+        assert refused.returncode == 2, refused.stdout[-2000:]
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith("error: ") and f"--allow_change={names}" in line, line
+        assert names.split(".")[-1] in line.split("--allow_change")[0]  # what differs
+        assert _snapshot(workdir) == before  # the finished sweep's files untouched
+
+    # Named differences pass (and are reported); the same sweep passes silently.
+    changed = scaling.sweep_config(sweep.base, sweep.sizes, "tokens", [2000])
+    assert set(scaling.check_workdir(changed, workdir, ["budgets"])) == {"budgets"}
+    assert scaling.check_workdir(sweep, workdir) is None
+    with pytest.raises(ConfigError, match="holds another sweep"):
+        scaling.check_workdir(changed, workdir, ["sizes"])
+
+
+def test_a_run_config_or_an_empty_budget_given_as_sweep_is_one_line(tmp_path):
+    bad = _scaling("--sweep=configs/tiny.py", f"--workdir={tmp_path / 'w'}")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    [line] = bad.stderr.strip().splitlines()
+    assert "this is a run config" in line and "train.py" in line
+    sweep_file = tmp_path / "tiny_sweep.py"
+    sweep_file.write_text(TINY_SWEEP)
+    zero = _scaling(f"--sweep={sweep_file}", "--sweep.budgets=(0,)", f"--workdir={tmp_path / 'z'}")
+    assert zero.returncode == 2 and "Traceback" not in zero.stderr, zero.stderr[-2000:]
+    [line] = zero.stderr.strip().splitlines()
+    assert "sweep.budgets" in line and "positive" in line
+    assert not (tmp_path / "z").exists()
+
+
+@pytest.mark.parametrize("command", [["train.py"], ["-m", "transformer", "sizes"]])
+def test_a_sweep_config_given_as_a_run_config_says_so(command):
+    out = subprocess.run([sys.executable, *command, "--config=configs/scaling/cpu_ladder.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert "this is a sweep config" in line and "transformer scaling --sweep" in line

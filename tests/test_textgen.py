@@ -48,3 +48,67 @@ def test_a_prompt_longer_than_the_context_is_cut_with_one_note():
     assert ids == list(b"ghij") and len(notes) == 1 and "last 4 tokens" in notes[0]
     assert encode_prompt(tokenizers.ByteTokenizer(), "abc", 4, log=notes.append) == list(b"abc")
     assert len(notes) == 1
+
+
+def test_stop_strings_cut_at_the_first_match_and_streams_hold_back_a_possible_start():
+    from transformer.generate.text import StopText, cut_at_stop
+    assert cut_at_stop("ab\ncd\nef", ["\n"]) == "ab"
+    assert cut_at_stop("abcEND x STOP", ["STOP", "END"]) == "abc"  # the earliest match wins
+    assert cut_at_stop("no match", ["\n\n"]) == "no match" and cut_at_stop("x", None) == "x"
+    text = "one\n two\n\n three"
+    for stops in (["\n\n"], ["two", "\n\n"], ["zz"], ["e\n "]):
+        for size in (1, 2, 3):  # pieces of any size: what is shown is the cut text, no more
+            cut, shown = StopText(stops), []
+            for k in range(0, len(text), size):
+                shown.append(cut.push(text[k:k + size]))
+            shown.append(cut.finish())
+            assert "".join(shown) == cut_at_stop(text, stops), (stops, size)
+            assert cut.stopped == (cut_at_stop(text, stops) != text)
+    held = StopText(["\n\n"])
+    assert held.push("ab\n") == "ab" and held.push("c") == "\nc"  # "\n" waited for its next
+
+
+def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
+    """With BPE a newline is mostly inside longer tokens ("\\n    "): stopping on the newline
+    token alone let samples run on over several lines. Stop strings are matched in the text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformer import config as config_lib
+    from transformer.generate import text as textgen
+    from transformer.train import run, trainer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def add(a, b):\n    return a + b\n\n" * 300
+                      + "class Point:\n    x = 1\n        y = 2\n" * 150)
+    c = config_lib.base_config()
+    c.model.update(vocab_size=0, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32)
+    c.data.update(corpus=str(corpus), tokenizer="bpe", bpe_vocab_size=300)
+    c.train.update(steps=30, batch_size=4, lr=1e-2, log_every=10, eval_every=30,
+                   eval_batches=1, ckpt_every=30, warmup_steps=0)
+    c.sample.max_new_tokens = 8
+    state, tok = run.train(c, tmp_path / "run", log=lambda _: None, progress=False)
+    assert tok.encode("\n") != tok.encode("\n    ")[:1]  # the newline is merged in BPE
+    model = trainer.ModelConfig.from_config(trainer.resolve(c, tok))
+    kwargs = dict(num_samples=6, max_new_tokens=60, temperature=1.0, seed=1)
+    free = textgen.sample_text(model, state.params, tok, "def", **kwargs)
+    assert sum(t.count("\n") > 1 for t in free) >= 3  # the samples do run over several lines
+    stopped = textgen.sample_text(model, state.params, tok, "def", stop="\n", **kwargs)
+    assert stopped == [t.split("\n")[0] for t in free]
+    pieces = []
+    [streamed] = textgen.sample_text(model, state.params, tok, "def", stop=["\n", "zzz"],
+                                     on_text=pieces.append, **{**kwargs, "num_samples": 1})
+    assert "".join(pieces) == streamed == free[0].split("\n")[0]
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "sample.py", f"--workdir={tmp_path / 'run'}",
+                          "--prompt=def", "--stop=\n", "--num_samples=4", "--max_new_tokens=60",
+                          "--temperature=1"], cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    samples = out.stdout.split("--- sample ")[1:]
+    assert len(samples) == 4
+    for sample in samples:  # header line, then "def" + the text up to its first newline
+        header, body = sample.split("\n", 1)
+        assert "\n" not in body.rstrip("\n"), sample

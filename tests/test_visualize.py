@@ -52,7 +52,45 @@ def test_scanned_params_give_the_same_maps():
 def test_token_labels_are_printable():
     labels = token_labels(tokenizers.ByteTokenizer(), list(b"a b\n\t\x00"))
     assert all(label and label.isprintable() for label in labels)
-    assert labels[:3] == ["a", "·", "b"]
+    assert labels[:5] == ["a", "␣", "b", "↵", "⇥"]  # whitespace as a visible symbol
+
+
+def test_a_character_of_several_byte_tokens_is_labelled_once():
+    from transformer.tools.visualize import CONTINUED
+    byte = tokenizers.ByteTokenizer()
+    assert token_labels(byte, byte.encode("中a я")) == ["中", CONTINUED, CONTINUED, "a", "␣", "я",
+                                                        CONTINUED]
+    char = tokenizers.CharTokenizer("中я a")
+    assert token_labels(char, char.encode("中a я")) == ["中", "a", "␣", "я"]
+    broken = token_labels(byte, [0xE4, 0x41])  # a lead byte without its continuation
+    assert broken[1] == "A" and broken[0] and broken[0].isprintable()
+
+
+def test_maps_of_chinese_and_russian_draw_without_glyph_warnings(tmp_path, monkeypatch, caplog):
+    """With a CJK font on the machine the characters are drawn; without one each is written
+    U+XXXX. Either way matplotlib never warns of a missing glyph, and there is a colour bar."""
+    import warnings
+
+    from transformer.tools import visualize
+    byte = tokenizers.ByteTokenizer()
+    labels = token_labels(byte, byte.encode("注意力 внимание\n"))
+    weights = np.tril(np.ones((2, len(labels), len(labels)), np.float32))
+    weights /= weights.sum(-1, keepdims=True)
+    from matplotlib import font_manager
+    families, _ = visualize._fonts()
+    mono = font_manager.findfont(font_manager.FontProperties(family="monospace"))
+    without_cjk = (families[:1], visualize._coverage(mono))
+    for fonts in (visualize._fonts(), without_cjk):
+        monkeypatch.setattr(visualize, "_fonts", lambda fonts=fonts: fonts)
+        if fonts is without_cjk:
+            assert visualize.drawable("注意") == "U+6CE8U+610F"
+            assert visualize.drawable("внимание ↵␣⇥┄") == "внимание ↵␣⇥┄"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            visualize.plot_layer(weights, labels, "layer 0", tmp_path / "map.png")
+        assert not [str(w.message) for w in caught]
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= 30]
+        assert (tmp_path / "map.png").stat().st_size > 5000
 
 
 def _fake_run(workdir: Path):
@@ -93,6 +131,17 @@ def test_cli_writes_one_image_per_layer_and_the_next_token_chart(tmp_path):
                            + ["next_token.png"])
     for path in out.iterdir():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_cli_writes_into_the_run_folder_per_step_by_default(tmp_path):
+    _fake_run(tmp_path / "run")
+    result = subprocess.run([sys.executable, "-m", "transformer", "visualize",
+                             f"--workdir={tmp_path / 'run'}", "--prompt=ab"], cwd=tmp_path,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "attention" / "step_1" / "attention_layer0.png").is_file()
+    assert not (tmp_path / "attention").exists()  # nothing in the current folder
 
 
 def test_cli_without_checkpoint_is_one_error_line(tmp_path):

@@ -9,6 +9,7 @@ A non-finite loss ends it with status 1; SIGINT/SIGTERM, after saving, with 128 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from absl import flags, logging
@@ -57,6 +58,30 @@ def config_value(holder):
         fail("could not load the config: " + (lines[-1] if lines else type(e).__name__))
 
 
+def unknown_key(error: BaseException, argv) -> str:
+    """One line for a --config.x.y (or --sweep.x.y) override naming no field. ml_collections
+    raises KeyError("'step'\nDid you mean \"steps\" instead of \"step\"?"); the flag that
+    holds the key is found in argv, and the suggestion is put in its place."""
+    while error.args and isinstance(error.args[0], BaseException):  # KeyError(KeyError(...))
+        error = error.args[0]
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    key = (lines[0] if lines else "").strip("'\"")
+    guess = re.search(r'Did you mean "([^"]+)"', text)
+    flag = next((name for name in (a.split("=", 1)[0] for a in argv if a.startswith("--"))
+                 if key and key in name.lstrip("-").split(".")[1:]), None)
+    where = ("(every field: python -m transformer fields; declared in "
+             "transformer/config/fields.py)")
+    if flag is None:
+        return f"unknown config key {key!r}" + (
+            f"; did you mean {guess.group(1)!r}?" if guess else "") + f" {where}"
+    parts = flag.split(".")
+    if guess:
+        parts[parts.index(key, 1)] = guess.group(1)
+        return f"{flag}: no such config field; did you mean {'.'.join(parts)}? {where}"
+    return f"{flag}: no such config field {where}"
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return " ".join(text.split())
@@ -73,8 +98,7 @@ def run(main) -> None:
     except flags.Error as e:
         fail(_one_line(e))
     except (KeyError, AttributeError) as e:
-        fail(f"unknown config key {_one_line(e).strip(chr(34))}: "
-             "transformer/config/schema.py lists the fields that exist")
+        fail(unknown_key(e, sys.argv[1:]))
     except (TypeError, ValueError, OSError, SyntaxError) as e:
         fail(f"could not load the config: {_one_line(e)}")
     try:

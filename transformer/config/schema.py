@@ -172,6 +172,9 @@ def _check_data(d) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Refuses a config that cannot work, with a message naming the field. Returns it."""
+    if "base" in config and "sizes" in config:  # scaling.sweep's sweep_config(...)
+        raise ConfigError("this is a sweep config (base, sizes, budgets), not a run config: run "
+                          "it with python -m transformer scaling --sweep=FILE --workdir=DIR")
     _check_keys(config, base_config())
     _check_fields(config)
     _check_model(config.model)

@@ -26,7 +26,9 @@ def load(config, tokenizer=None):
         return tokenizer, task(vocab, seq_len)
     text = corpus.read_corpus(d.corpus, d.max_bytes)
     tokenizer = tokenizer or tokenizers.build(d.tokenizer, text, d.bpe_vocab_size)
-    return tokenizer, batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
+    source = batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
+    source.read = text.read  # how much text from how many files (the run's data: line)
+    return tokenizer, source
 
 
 def tokens_per_byte(tokenizer, source) -> float:

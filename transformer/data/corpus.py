@@ -9,6 +9,7 @@ Synthetic tasks (copy, random) need no text; they live in `batches.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sysconfig
 from collections.abc import Iterator
@@ -44,8 +45,38 @@ def _sorted_py_files(folder: Path) -> Iterator[Path]:
             yield path
 
 
-def read_corpus(corpus: str, max_bytes: int) -> str:
-    """The text of `corpus` ('stdlib' or a path), at most max_bytes of UTF-8."""
+class Text(str):
+    """The corpus text, with `read`: what reading it found (`Read`)."""
+    read: "Read"
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """How much text came from how many files, and what was left out."""
+    bytes: int
+    files: int
+    skipped: int          # binary (a NUL byte, not UTF-8) or unreadable files
+    unused: int | None    # files never read because max_bytes was reached (None: not counted)
+    max_bytes: int
+    full: bool            # max_bytes was reached: the text was cut there
+
+    def describe(self) -> str:
+        amount = f"{self.bytes / 1e6:.2f} MB" if self.bytes >= 100_000 else \
+            f"{self.bytes / 1e3:.1f} KB"
+        parts = [f"{amount} of text from {self.files:,} "
+                 f"file{'s' if self.files != 1 else ''}"]
+        if self.full:
+            rest = ("" if self.unused == 0 else "; the rest of the standard library unused"
+                    if self.unused is None else f"; {self.unused:,} more files unused")
+            parts.append(f"data.max_bytes={self.max_bytes:,} reached{rest}")
+        if self.skipped:
+            parts.append(f"{self.skipped:,} binary or unreadable files skipped")
+        return ", ".join(parts)
+
+
+def read_corpus(corpus: str, max_bytes: int) -> Text:
+    """The text of `corpus` ('stdlib' or a path), at most max_bytes of UTF-8; its `read`
+    says how much came from how many files and what was skipped or left unused."""
     if corpus == "stdlib":
         files, name = stdlib_files(), "the Python standard library"
     else:
@@ -55,25 +86,30 @@ def read_corpus(corpus: str, max_bytes: int) -> str:
                               "(give a text file, a folder of text files, or stdlib/copy/random)")
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         name = str(path)
-    parts, size, skipped = [], 0, 0
-    for file in files:
+    parts, size, skipped, unused, full = [], 0, 0, 0, False
+    for index, file in enumerate(files):
         if size >= max_bytes:
+            full = True
+            unused = len(files) - index if isinstance(files, list) else None
             break
         try:
-            raw = file.read_bytes()[: max_bytes - size]
+            data = file.read_bytes()
         except OSError:
             skipped += 1
             continue
+        raw = data[: max_bytes - size]
+        full = full or len(raw) < len(data)
         text = None if b"\0" in raw else _decode_prefix(raw)
         if text is None:
             skipped += 1
             continue
         parts.append(text)
         size += len(text.encode("utf-8"))
-    text = "".join(parts)
+    text = Text("".join(parts))
     if not text.strip():
         what = "holds no UTF-8 text" if skipped else "is empty"
         raise CorpusError(f"data.corpus={corpus!r}: {name} {what}")
+    text.read = Read(size, len(parts), skipped, unused, max_bytes, full)
     return text
 
 
@@ -87,5 +123,7 @@ def _decode_prefix(raw: bytes):
     return None
 
 
-def describe(corpus: str) -> str:
-    return "Python standard library sources" if corpus == "stdlib" else os.fspath(corpus)
+def describe(corpus: str, read: Read | None = None) -> str:
+    """The corpus for the run's data: line, with how much was read when `read` is given."""
+    name = "Python standard library sources" if corpus == "stdlib" else os.fspath(corpus)
+    return f"{name} ({read.describe()})" if read else name

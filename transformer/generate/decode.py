@@ -56,6 +56,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from transformer.config import ModelConfig, check_sampling
 from transformer.generate import sampling
@@ -190,15 +191,20 @@ class _Loop(NamedTuple):
         done_B = state.done_B | (token_B == eos_id)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
         state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
-        if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens
-            jax.lax.cond(state.i % STREAM_EVERY == 0, self.send, lambda s: None, state)
+        if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens;
+            # the host answers which rows to end (a stop string it found in their text)
+            ended_B = jax.lax.cond(state.i % STREAM_EVERY == 0, self.send,
+                                   lambda s: jnp.zeros_like(s.done_B), state)
+            state = state._replace(done_B=state.done_B | ended_B)
         return state
 
-    def send(self, state: _State) -> None:
-        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`)."""
+    def send(self, state: _State) -> jax.Array:
+        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`); returns
+        the rows the host ends."""
         first = jnp.clip(state.i - STREAM_EVERY, 0, self.budget - STREAM_EVERY)
         chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
-        jax.debug.callback(_deliver, self.stream_id, first, state.i, chunk_BK, ordered=True)
+        return io_callback(_deliver, jax.ShapeDtypeStruct(state.done_B.shape, jnp.bool_),
+                           self.stream_id, first, state.i, chunk_BK, ordered=True)
 
     def step(self, state: _State) -> _State:
         """Writes the last token into the cache and samples the next one."""
@@ -303,25 +309,34 @@ _SINK_IDS = itertools.count(1)
 
 
 def _deliver(stream_id, first, made, tokens_BK):
-    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet."""
+    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet.
+    Returns the rows the caller's on_tokens ended."""
     sink = _SINKS.get(int(stream_id))
-    if sink is not None:
-        sink(int(first), int(made), np.asarray(tokens_BK))
+    if sink is None:
+        return np.zeros(tokens_BK.shape[0], bool)
+    return sink(int(first), int(made), np.asarray(tokens_BK))
 
 
 class _Stream:
-    """Turns chunks (which may overlap) into one on_tokens(i, tokens_B, done_B) call per step."""
+    """Turns chunks (which may overlap) into one on_tokens(i, tokens_B, done_B) call per step,
+    and remembers where on_tokens ended a row (`ended_at`: its last token's step)."""
 
     def __init__(self, on_tokens, batch: int, eos_id: int):
         self.on_tokens, self.eos_id = on_tokens, eos_id
         self.next, self.done_B = 0, np.zeros(batch, bool)
+        self.ended_at: dict[int, int] = {}
 
     def __call__(self, first, made, tokens_BK):
         for i in range(max(first, self.next), made):
             token_B = tokens_BK[:, i - first]
             self.done_B = self.done_B | (token_B == self.eos_id)
-            self.on_tokens(i, token_B, self.done_B.copy())
+            ended = self.on_tokens(i, token_B, self.done_B.copy())
+            if ended is not None:
+                for b in np.flatnonzero(np.asarray(ended, bool) & ~self.done_B):
+                    self.ended_at[int(b)] = i
+                self.done_B = self.done_B | np.asarray(ended, bool)
         self.next = max(self.next, made)
+        return self.done_B.copy()
 
 
 def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
@@ -390,7 +405,10 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
     `on_tokens(i, tokens_B, done_B)`, if given, is called on the host with every step's
     tokens, in order, in chunks of STREAM_EVERY steps as they are sampled (numpy arrays;
-    done_B: the row has ended, this token is its end token or padding). With `mesh` and `rules` (sharding.py) it decodes on that mesh;
+    done_B: the row has ended, this token is its end token or padding). on_tokens may return
+    a bool per row: True ends that row after this token (a stop string its text reached);
+    the device stops it within STREAM_EVERY tokens and its result ends at that token.
+    With `mesh` and `rules` (sharding.py) it decodes on that mesh;
     every process of a multi-host run must call it with the same prompts, and every one
     gets the tokens. Raises GenerationError (PromptError for a prompt) for bad arguments.
     """
@@ -399,6 +417,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     key, budget = jax.random.key(seed), token_budget(max_new_tokens)
     knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
              np.int32(max_new_tokens))
+    ended_at = {}
     if mesh is not None:
         if on_tokens is not None:
             raise GenerationError("on_tokens (streaming) decodes on one device: drop mesh")
@@ -411,7 +430,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     else:
         stream_id = next(_SINK_IDS) if on_tokens is not None else 0
         if on_tokens is not None:
-            _SINKS[stream_id] = _Stream(on_tokens, len(prompts), eos_id)
+            _SINKS[stream_id] = sink = _Stream(on_tokens, len(prompts), eos_id)
+            ended_at = sink.ended_at
         try:
             tokens_BN, _ = _program(params, new_cache(config=config, batch=len(prompts)),
                                     prompt_BP, start_B, key, *knobs, np.int32(stream_id),
@@ -420,6 +440,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
         finally:
             _SINKS.pop(stream_id, None)
     out = []
-    for row in np.asarray(tokens_BN)[:, :max_new_tokens].tolist():
+    for b, row in enumerate(np.asarray(tokens_BN)[:, :max_new_tokens].tolist()):
+        if b in ended_at:  # ended by on_tokens: its tokens up to that step (then padding)
+            row = row[: ended_at[b] + 1]
         out.append(row[: row.index(eos_id)] if eos_id in row else row)
     return out

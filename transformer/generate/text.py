@@ -56,42 +56,110 @@ def encode_prompt(tokenizer, prompt: str, max_seq_len: int, log=None) -> list[in
     return ids
 
 
-def stop_id(tokenizer, stop: str | None) -> int:
-    """The token id of `stop` (text of exactly one token), or -1 for none."""
-    if not stop:
+def stop_strings(stop) -> list[str]:
+    """`stop` as a list of non-empty strings: None, one string, or several (as the OpenAI
+    API's `stop`)."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise decode.PromptError(f"stop={s!r}: each stop must be a non-empty string")
+    return stops
+
+
+def cut_at_stop(text: str, stops) -> str:
+    """`text` up to (not including) the earliest match of any of `stops`; all of it if none
+    matches. OpenAI's semantics: the returned text never contains a stop string."""
+    ends = [i for i in (text.find(s) for s in stop_strings(stops)) if i >= 0]
+    return text[:min(ends)] if ends else text
+
+
+class StopText:
+    """Text pieces in, the part that may be shown out, for one sample: nothing at or after
+    the first stop string, and the tail that could still begin one is held back until the
+    next piece decides (a stop may span pieces). `stopped` turns True at the first match."""
+
+    def __init__(self, stops):
+        self.stops, self.text, self.shown, self.stopped = stop_strings(stops), "", 0, False
+        self.hold = max(map(len, self.stops), default=1) - 1
+
+    def push(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        self.text += piece
+        cut = cut_at_stop(self.text, self.stops)
+        if len(cut) < len(self.text):
+            self.stopped = True
+            safe = len(cut)
+        else:
+            safe = len(self.text) - self.hold
+            # Hold back only a tail that begins some stop string.
+            while safe < len(self.text) and not any(
+                    s.startswith(self.text[safe:]) for s in self.stops):
+                safe += 1
+        out = self.text[self.shown:max(self.shown, safe)]
+        self.shown = max(self.shown, safe)
+        return out
+
+    def finish(self) -> str:
+        """What is left once the sample has ended without a stop: the held-back tail."""
+        if self.stopped:
+            return ""
+        out, self.shown = self.text[self.shown:], len(self.text)
+        return out
+
+
+def stop_id(tokenizer, stop) -> int:
+    """The end token that stops exactly where the text `stop` first appears, or -1 when
+    stopping needs the text (the host checks it, `sample_text`). Only one character that is
+    always one token of its own (a byte or char tokenizer) qualifies: with BPE, a newline is
+    also inside longer tokens ("\n    "), and a longer string may span tokens."""
+    stops = stop_strings(stop)
+    if len(stops) != 1 or len(stops[0]) != 1 or \
+            getattr(tokenizer, "kind", None) not in ("byte", "char"):
         return -1
-    stop_ids = tokenizer.encode(stop)
-    if len(stop_ids) != 1:
-        raise decode.PromptError(f"stop={stop!r} is {len(stop_ids)} tokens; it must be one token")
-    return stop_ids[0]
+    ids = tokenizer.encode(stops[0])
+    return ids[0] if len(ids) == 1 else -1
 
 
 def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, num_samples: int = 1,
                 max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0, seed: int = 0, stop: str | None = None, mesh=None,
+                top_p: float = 1.0, seed: int = 0, stop=None, mesh=None,
                 rules=None, on_text=None, log=None) -> list[str]:
     """`num_samples` continuations of `prompt` (decoded in one batch). Raises PromptError or
-    TokenizerError for a prompt that cannot be used. `stop`: text of one token that ends a
-    sample. `on_text(piece)`: called with sample 0's text as it is produced (one device
-    only). `mesh`, `rules`: decode on a device mesh (see decode.generate). `log`: where the
-    notice about a prompt longer than the context goes (default: stderr)."""
+    TokenizerError for a prompt that cannot be used. `stop`: a string or a list of strings;
+    each sample ends before the first match of any (OpenAI's `stop`). A single character that
+    is one token (byte, char tokenizers) ends a row on the device; any other stop is checked
+    on the host as tokens stream out (every decode.STREAM_EVERY tokens), and the device stops
+    a row within that many tokens of its match (on a mesh, samples are only cut afterwards).
+    `on_text(piece)`: called with sample 0's text as it is produced (one device only).
+    `mesh`, `rules`: decode on a device mesh (see decode.generate). `log`: where the notice
+    about a prompt longer than the context goes (default: stderr)."""
+    stops = stop_strings(stop)
     prompt_ids = encode_prompt(tokenizer, prompt, model_config.max_seq_len, log)
+    eos_id = stop_id(tokenizer, stops)
     on_tokens = None
-    if on_text is not None:
-        stream = TextStream(tokenizer)
+    watch = stops if eos_id == -1 and mesh is None else []  # stops the host checks
+    if on_text is not None or watch:
+        streams = [TextStream(tokenizer) for _ in range(num_samples if watch else 1)]
+        cuts = [StopText(watch) for _ in streams]
 
         def on_tokens(i, tokens_B, done_B):
-            if not done_B[0]:
-                piece = stream.push(tokens_B[0])
-                if piece:
+            for b, (stream, cut) in enumerate(zip(streams, cuts)):
+                if done_B[b] or cut.stopped:
+                    continue
+                piece = cut.push(stream.push(tokens_B[b]))
+                if b == 0 and piece and on_text is not None:
                     on_text(piece)
+            return [cut.stopped for cut in cuts] + [False] * (num_samples - len(cuts))
 
     rows = decode.generate(model_config, params, [prompt_ids] * num_samples,
                            max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
-                           top_k=top_k, top_p=top_p, eos_id=stop_id(tokenizer, stop), mesh=mesh,
+                           top_k=top_k, top_p=top_p, eos_id=eos_id, mesh=mesh,
                            rules=rules, on_tokens=on_tokens)
-    if on_text is not None:
-        piece = stream.finish()
+    if on_text is not None and not cuts[0].stopped:
+        piece = cuts[0].push(streams[0].finish()) + cuts[0].finish()
         if piece:
             on_text(piece)
-    return [tokenizer.decode(row) for row in rows]
+    return [cut_at_stop(tokenizer.decode(row), stops) for row in rows]

@@ -67,7 +67,35 @@ def tokenizer(path):
     if not (folder / "tokenizer.json").is_file():
         return None
     from tokenizers import Tokenizer
-    return tokenizers.BPETokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
+    ours = _exported_kind(json.loads((folder / "tokenizer.json").read_text()))
+    return ours or tokenizers.BPETokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
+
+
+def _exported_kind(spec: dict):
+    """A byte or char tokenizer that `export` wrote as merge-free BPE (export.tokenizer_json),
+    as that kind again, so that a run started from the folder says and saves the right kind;
+    None for any other tokenizer.json."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or model.get("merges"):
+        return None
+    vocab, pre = model.get("vocab") or {}, (spec.get("pre_tokenizer") or {}).get("type")
+    if pre == "ByteLevel" and vocab == {ch: b for b, ch in enumerate(hf.byte_alphabet())}:
+        return tokenizers.ByteTokenizer()
+    if pre == "Split" and vocab and sorted(vocab.values()) == list(range(len(vocab))) \
+            and all(len(ch) == 1 for ch in vocab):
+        return tokenizers.CharTokenizer("".join(sorted(vocab, key=vocab.get)))
+    return None
+
+
+def describe(config, tokenizer) -> str:
+    """The line a run started from `train.init_from` prints: what was loaded, which tokenizer."""
+    path = Path(config.train.init_from).expanduser()
+    folder = path if path.is_dir() else path.parent
+    source = ("its tokenizer.json" if (folder / "tokenizer.json").is_file() else
+              f"no tokenizer.json there: data.tokenizer={config.data.tokenizer}")
+    return (f"init: weights from {path} ({config.model.n_layers} layers, d_model "
+            f"{config.model.d_model}, vocab {config.model.vocab_size}); {tokenizer.kind} "
+            f"tokenizer ({source})")
 
 
 def load_pretrained(path, matmul: str = "plain"):

@@ -133,3 +133,17 @@ def _llama_model_config(cfg: dict, tie: bool, refuse) -> ModelConfig:
                        tie_embeddings=tie, position="rope", norm="rmsnorm", mlp="swiglu",
                        n_kv_heads=0 if cfg.get("num_key_value_heads") in (None, H)
                        else cfg["num_key_value_heads"])
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-in for each byte (the ByteLevel pre-tokenizer's mapping)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]

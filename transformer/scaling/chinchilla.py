@@ -72,8 +72,10 @@ def approach2(runs) -> dict | None:
     """Per-budget minima and the power laws N_opt = k_N C^a, D_opt = k_D C^b, fitted on the
     budgets whose minimum lies inside the sizes tried (`fitted`: those budgets); None unless
     at least two budgets have such a valley. Runs are grouped by their `budget` (the nominal
-    one the sweep sized them to; `C` when absent); C of a budget is its runs' counted FLOPs."""
-    budgets = {}
+    one the sweep sized them to; `C` when absent); C of a budget is its runs' counted FLOPs.
+    `no_valley` lists the budgets left out because their loss has no minimum in log N (it
+    falls or rises across the sizes tried)."""
+    budgets, no_valley = {}, []
     groups = {}
     for r in runs:
         groups.setdefault(r.get("budget", r["C"]), []).append(r)
@@ -83,7 +85,8 @@ def approach2(runs) -> dict | None:
         logN, logD = np.log(N), np.log(D)
         n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
         if n_min is None or d_min is None or max(abs(n_min[0]), abs(d_min[0])) > 700:
-            continue  # no valley, or one so flat its vertex overflows exp (a bootstrap resample)
+            no_valley.append(C)  # or one so flat its vertex overflows exp (a resample)
+            continue
         budgets[C] = dict(budget=budget, N_opt=math.exp(n_min[0]), D_opt=math.exp(d_min[0]),
                           loss_opt=float(np.polyval(n_min[1], n_min[0])), parabola=n_min[1],
                           inside=bool(logN.min() <= n_min[0] <= logN.max()))
@@ -96,7 +99,7 @@ def approach2(runs) -> dict | None:
     if not (np.isfinite([a, b]).all() and max(abs(log_kN), abs(log_kD)) < 700):
         return None
     return dict(budgets=budgets, fitted=fitted, a=float(a), b=float(b), kN=math.exp(log_kN),
-                kD=math.exp(log_kD))
+                kD=math.exp(log_kD), no_valley=no_valley)
 
 
 def approach2_optimum(f: dict, C: float):

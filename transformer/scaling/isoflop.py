@@ -98,7 +98,16 @@ def fit_all(runs, n_boot: int = 100, sweep: dict | None = None) -> dict:
     """Both approaches on all runs, their bootstrap refits, and the FLOPs-per-token cost."""
     a2, a3 = chinchilla.approach2(runs), chinchilla.approach3(runs)
     fits2, fits3 = chinchilla.bootstrap(runs, n_boot, approach3_fit=a3) if a3 or a2 else ([], [])
-    return dict(a2=a2, a3=a3, boot2=fits2, boot3=fits3, cost=cost_of(sweep, runs))
+    return dict(a2=a2, a3=a3, boot2=fits2, boot3=fits3, n_boot=n_boot,
+                cost=cost_of(sweep, runs))
+
+
+def _resamples(fitted: list, asked: int) -> str:
+    """How many bootstrap resamples the interval stands on, and how many could not be fitted."""
+    if len(fitted) == asked:
+        return f"[{asked} resamples]"
+    return (f"[{len(fitted)} of {asked} resamples; {asked - len(fitted)} could not be fitted "
+            "(no valley, or too few distinct sizes drawn) and are left out]")
 
 
 def _pm(value, values, fmt=".3g"):
@@ -109,6 +118,7 @@ def _pm(value, values, fmt=".3g"):
 def describe(fits) -> list[str]:
     """Markdown lines: each constant with its 95% bootstrap interval."""
     a2, a3, b2, b3 = fits["a2"], fits["a3"], fits["boot2"], fits["boot3"]
+    asked = fits.get("n_boot", max(len(b2), len(b3)))
     lines = ["### Compute-optimal fits (95% bootstrap intervals over runs)", ""]
     if a2:
         lines += ["Approach 2 (a parabola of loss in log N per budget):", "",
@@ -118,6 +128,9 @@ def describe(fits) -> list[str]:
             lines.append(f"| {C:.2g} | {human(b['N_opt'])} | {human(b['D_opt'])} "
                          f"| {b['D_opt'] / b['N_opt']:.3g} | {b['loss_opt']:.4f} "
                          f"| {'yes' if b['inside'] else 'NO (extrapolated: not fitted)'} |")
+        for C in a2.get("no_valley", []):
+            lines.append(f"| {C:.2g} | - | - | - | - | no valley: loss does not turn up "
+                         "within the sizes tried; left out of the fit |")
         left_out = [C for C in a2["budgets"] if C not in a2["fitted"]]
         if left_out:
             lines += ["", f"The power laws below use {len(a2['fitted'])} of "
@@ -127,7 +140,7 @@ def describe(fits) -> list[str]:
         lines += ["", f"N_opt ∝ C^a, a = {_pm(a2['a'], [f['a'] for f in b2])}; "
                   f"D_opt ∝ C^b, b = {_pm(a2['b'], [f['b'] for f in b2])}; "
                   f"a + b = {_pm(a2['a'] + a2['b'], [f['a'] + f['b'] for f in b2])} "
-                  f"(1 if C ∝ N·D)   [{len(b2)} resamples]", ""]
+                  f"(1 if C ∝ N·D)   {_resamples(b2, asked)}", ""]
     else:
         lines += ["Approach 2: needs at least two budgets whose loss has a valley in log N, "
                   "with its minimum inside the sizes tried", ""]
@@ -135,9 +148,9 @@ def describe(fits) -> list[str]:
         lines.append("Approach 3: L(N, D) = E + A/N^α + B/D^β; "
                      + ", ".join(f"{k} = {_pm(a3[k], [f[k] for f in b3])}"
                                  for k in ("E", "A", "alpha", "B", "beta"))
-                     + f"   [{len(b3)} resamples]")
+                     + f"   {_resamples(b3, asked)}")
         a_opt = a3["beta"] / (a3["alpha"] + a3["beta"])
-        lines.append(f"implied N_opt ∝ C^{a_opt:.3f} "
+        lines.append("implied N_opt ∝ C^a, a = β/(α+β) = "
                      f"{_pm(a_opt, [f['beta'] / (f['alpha'] + f['beta']) for f in b3])}")
     else:
         lines.append("Approach 3: needs at least 6 runs with 2 sizes and 2 token counts")
@@ -221,6 +234,8 @@ def holdout_lines(runs, which: str, n_boot: int = 100) -> list[str]:
                 "Approach 3 (needs >= 6 runs, 2 sizes, 2 token counts)"]
     lines = [f"### Holdout: fitted without C = {budgets[-1]:.2g} ({len(kept)} runs), "
              f"predicting its {len(held)} runs", "",
+             "error = predicted - actual (positive: the fit predicted a higher loss); "
+             "error / half-width: in units of half the 95% interval (|x| <= 1: inside it)", "",
              "| run | val loss | predicted [95% interval] | error % | error / half-width |",
              "|---|---|---|---|---|"]
     for r in held:
@@ -230,7 +245,7 @@ def holdout_lines(runs, which: str, n_boot: int = 100) -> list[str]:
         half = max((hi - lo) / 2, 1e-12)
         lines.append(f"| {r['name']} | {r['loss']:.4f} | {pred:.4f} [{lo:.4f}, {hi:.4f}] "
                      f"| {100 * (pred - r['loss']) / r['loss']:+.2f} "
-                     f"| {(r['loss'] - pred) / half:+.2f} |")
+                     f"| {(pred - r['loss']) / half:+.2f} |")
     return lines
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from transformer.config import ConfigError, ModelConfig, validate
+from transformer.config import ConfigError, ModelConfig, flatten, validate
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
 from transformer.scaling import fit, plot
@@ -117,13 +117,39 @@ class Member:
             self.config.model.max_seq_len
 
 
-def members(sweep) -> list[Member]:
-    """Every run of the sweep, budgets outer, sizes inner (small to large)."""
+SWEEP_KEYS = ("base", "sizes", "budget_kind", "budgets")
+
+
+def check(sweep) -> None:
+    """Refuses what is not a sweep config (a run config given as --sweep, above all) and
+    budgets that cannot train anything, each with one line."""
+    keys = set(sweep.keys())
+    if not set(SWEEP_KEYS) <= keys:
+        if {"model", "train", "data"} & keys:
+            raise ConfigError("--sweep: this is a run config (it has model/train/data "
+                              "sections), not a sweep config: train it with train.py "
+                              "--config=FILE, or give a sweep config such as "
+                              "configs/scaling/cpu_ladder.py")
+        missing = ", ".join(k for k in SWEEP_KEYS if k not in keys)
+        raise ConfigError(f"--sweep: not a sweep config (it lacks {missing}); get_config() "
+                          "returns sweep_config(base, sizes, budget_kind, budgets), see "
+                          "configs/scaling/")
     kind = sweep.budget_kind
     if kind not in BUDGETS:
         raise ConfigError(f"sweep.budget_kind={kind!r}: must be one of {', '.join(BUDGETS)}")
     if not sweep.sizes or not sweep.budgets:
         raise ConfigError("sweep.sizes and sweep.budgets must not be empty")
+    for value in sweep.budgets:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"sweep.budgets={tuple(sweep.budgets)!r}: every budget must be a "
+                              f"positive number ({kind}), not {value!r}")
+
+
+def members(sweep) -> list[Member]:
+    """Every run of the sweep, budgets outer, sizes inner (small to large)."""
+    check(sweep)
+    kind = sweep.budget_kind
     out = []
     variants = list(sweep.get("variants") or []) or [{"name": ""}]
     for variant, value, size in itertools.product(variants, sweep.budgets, sweep.sizes):
@@ -147,14 +173,61 @@ def members(sweep) -> list[Member]:
     return out
 
 
-def run(sweep, workdir, index=None, log=print, progress: bool = True) -> list[str]:
-    """Trains the members not yet finished (or only member `index`). Returns those trained."""
-    from transformer.train.run import train  # jax, flax, optax: not needed for --report
-    from transformer.train.start import resolve
+def differences(saved: dict, current: dict) -> dict:
+    """{key: (saved, current)} for every key of two sweep dicts that differs, nested keys
+    dotted ("budgets", "sizes", "base.train.lr"); a key only one side has differs too."""
+    saved, current = flatten(saved), flatten(current)
+    return {k: (saved.get(k, "(absent)"), current.get(k, "(absent)"))
+            for k in sorted(set(saved) | set(current)) if saved.get(k, _ABSENT) !=
+            current.get(k, _ABSENT)}
+
+
+_ABSENT = object()
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_workdir(sweep, workdir, allow_change=()) -> dict | None:
+    """Refuses a workdir that holds another sweep (or a changed base) unless every differing
+    key is named in `allow_change`; also one that holds a training run. Returns the
+    differences that were allowed (None when the workdir is new or holds this very sweep)."""
+    workdir = Path(workdir)
+    saved = _sweep_of(workdir)
+    if saved is None:
+        if (workdir / "checkpoints").is_dir():
+            raise ConfigError(f"--workdir={workdir} holds a training run, not a sweep: give "
+                              "the sweep a folder of its own")
+        return None
+    diffs = differences(saved, json.loads(sweep.to_json()))
+    if not diffs:
+        return None
+    refused = {k: v for k, v in diffs.items() if k not in set(allow_change or ())}
+    if refused:
+        what = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in refused.items())
+        raise ConfigError(f"{workdir} holds another sweep ({what}): use a new --workdir, or "
+                          f"pass --allow_change={','.join(refused)} to replace its sweep.json "
+                          "(members already finished keep the results of the old one)")
+    return diffs
+
+
+def run(sweep, workdir, index=None, log=print, progress: bool = True,
+        allow_change=()) -> list[str]:
+    """Trains the members not yet finished (or only member `index`). Returns those trained.
+    A workdir holding another sweep is refused unless the differing keys of the sweep config
+    (e.g. budgets, base.train.lr) are named in `allow_change`."""
     all_members = members(sweep)
     if index is not None and not 0 <= index < len(all_members):
         raise ConfigError(f"--index={index}: the sweep has members 0..{len(all_members) - 1}")
     workdir = Path(workdir)
+    allowed = check_workdir(sweep, workdir, allow_change)
+    if allowed:
+        log(f"{workdir}: sweep changed as allowed ({', '.join(allowed)}); finished members "
+            "are kept as they are")
+    from transformer.train.run import train  # jax, flax, optax: not needed for --report
+    from transformer.train.start import resolve
     workdir.mkdir(parents=True, exist_ok=True)
     write_atomic(workdir / "sweep.json", json.dumps(
         {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
@@ -270,8 +343,14 @@ def _fits(ok) -> dict:
                                    [r["tokens"] for r in ok], [r["val_loss"] for r in ok]),
     }
     lines = []
+    isoflop = bool(ok) and ok[0]["budget"] == "flops"
     for name, f in fits.items():
         x = {"L(N)": "N", "L(C)": "C", "L(N,D)": "N"}[name]
+        if name == "L(N)" and isoflop:
+            lines.append("L(N): not fitted for an IsoFLOP sweep (at a fixed budget a larger "
+                         "model sees fewer tokens: a valley, not a power law; see the "
+                         "compute-optimal fits below)")
+            continue
         lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"))
     if len(budgets) > 1 and largest:
         lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget)")
@@ -359,7 +438,9 @@ def _plots(workdir, rows, ok, by_group):
         plot.plot_scaling([r["flops"] for r in points], [r["val_loss"] for r in points], fit_c,
                           workdir / "loss_vs_compute.png", "training compute C (FLOPs)", labels),
         plot.plot_runs([r["workdir"] for r in rows], workdir / "loss_curves.png",
-                       labels=[r["name"] for r in rows], title="sweep"),
+                       labels=[r["name"] for r in rows], title="sweep",
+                       color_by=[r["params_non_embedding"] for r in rows],
+                       color_label="non-embedding parameters N"),
     ]
 
 
@@ -442,6 +523,9 @@ def _main():
     holdout_flag = flags.DEFINE_string("holdout", None, "With --report: 'largest' refits "
                                        "without the largest budget and checks its runs.")
     boot_flag = flags.DEFINE_integer("bootstrap", 100, "Bootstrap resamples per interval.")
+    allow_flag = flags.DEFINE_list("allow_change", [], "Keys of the sweep config that may "
+                                   "differ from the workdir's sweep.json, e.g. budgets or "
+                                   "base.train.lr (finished members are kept).")
 
     def main(argv):
         if len(argv) > 1:
@@ -468,7 +552,8 @@ def _main():
         if flags.FLAGS["sweep"].value is None:
             cli.fail("--sweep=PATH is required to run a sweep (or pass --report)")
         sweep = cli.config_value(sweep_flag)
-        run(sweep, workdir_flag.value, index_flag.value, progress=not no_progress.value)
+        run(sweep, workdir_flag.value, index_flag.value, progress=not no_progress.value,
+            allow_change=allow_flag.value)
         if index_flag.value is None:
             report(workdir_flag.value)
         else:

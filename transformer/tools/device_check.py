@@ -18,6 +18,7 @@ Prints one summary line per part and exits non-zero when a part failed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -54,6 +55,15 @@ def platform() -> tuple[str, str, int]:
         cli.fail(f"JAX found no usable device: {out.stderr.strip().splitlines()[-1:]}", 1)
     kind, name, count = json.loads(out.stdout.strip().splitlines()[-1])
     return kind, name, count
+
+
+def check_test_tools() -> None:
+    """The device tests run under pytest (and its xdist plugin's -n flag): without the test
+    extra they cannot start, which is one line, not a failed check."""
+    missing = [m for m in ("pytest", "xdist") if importlib.util.find_spec(m) is None]
+    if missing:
+        cli.fail(f"the device tests need {' and '.join(missing)}, which this environment lacks: "
+                 "pip install -e \".[test]\" (the test extra), or pass --notests")
 
 
 def run_tests() -> bool:
@@ -104,6 +114,8 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if _TESTS.value:
+        check_test_tools()
     kind, name, count = platform()
     print(f"device check: {count} x {name} ({kind})"
           + (" - a CPU: the bench runs as a smoke test" if kind == "cpu" else ""), flush=True)

@@ -56,7 +56,8 @@ class MetricsLog:
 class Progress:
     """A progress bar with loss and tokens/s, written to stderr."""
 
-    def __init__(self, start: int, total: int, enabled: bool = True):
+    def __init__(self, start: int, total: int, enabled: bool = True, lines: bool = True):
+        self.lines = lines  # write() prints (evaluation lines): only process 0's do
         self.bar = tqdm(total=total, initial=start, disable=not enabled, file=sys.stderr,
                         dynamic_ncols=True, mininterval=1.0, unit="step")
 
@@ -69,7 +70,8 @@ class Progress:
         self.bar.set_postfix({k: _short(v) for k, v in postfix.items()}, refresh=False)
 
     def write(self, line: str) -> None:
-        self.bar.write(line, file=sys.stderr)
+        if self.lines:
+            self.bar.write(line, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

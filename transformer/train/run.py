@@ -25,6 +25,7 @@ import jax
 from transformer import checkpoint, data
 from transformer import config as config_lib
 from transformer.config import ModelConfig, resume
+from transformer.hf import load as hf_import
 from transformer.model import flops, sizes
 from transformer.model.gpt import count_params
 from transformer.model.kernels import auto as matmul_auto
@@ -59,14 +60,20 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         metrics_log = MetricsLog(plan.workdir, enabled=main_process)
         # This invocation's first line names its kernels (a resumed run may run other ones).
         metrics_log.add_to_next(matmul=matmul.mode, matmul_reason=matmul.reason)
+        finished = plan.found is not None and plan.found.step >= plan.config.train.steps
         if plan.found:
             metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
-            log(f"resuming from step {plan.found.step}")
+            log(finished_line(plan.workdir, plan.found.step) if finished else
+                f"resuming from step {plan.found.step}")
+            progress = progress and not finished
             changed = resume.computing_differently(plan.changes)
             if changed:
                 log(changed)
+        elif plan.config.train.init_from:
+            log(hf_import.describe(plan.config, plan.tokenizer))
         log(summary(plan.config, state.params, plan.tokenizer,
-                    data.corpus.describe(plan.config.data.corpus)))
+                    data.corpus.describe(plan.config.data.corpus,
+                                         getattr(plan.source, "read", None))))
         log(matmul_auto.describe(matmul))
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
@@ -76,13 +83,19 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     return state, plan.tokenizer
 
 
+def finished_line(workdir, step: int) -> str:
+    return (f"{workdir} is finished: its checkpoint is at step {step} = train.steps; to train "
+            f"longer pass --config.train.steps=N (N > {step}) --allow_change=train.steps; "
+            f"to sample: python sample.py --workdir={workdir}")
+
+
 def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress, hooks,
               log):
     t = plan.config.train
     begin, first = time.perf_counter(), int(state.step)
     end = t.steps if stop_at is None else min(stop_at, t.steps)
     ckpts = checkpoint.Checkpoints(plan.workdir, keep=t.keep_checkpoints)
-    bar = Progress(first, t.steps, enabled=progress)
+    bar = Progress(first, t.steps, enabled=progress, lines=jax.process_index() == 0)
     hooks.install()
     guard = NonFiniteGuard(t.nonfinite, skipped)
     loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,

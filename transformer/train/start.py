@@ -110,6 +110,10 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
         resume.check(diffs, allow_change, workdir)
+        if found.step > config.train.steps:  # nothing to train, and no way to untrain
+            raise ConfigError(f"train.steps={config.train.steps} is below the checkpoint's step "
+                              f"{found.step} in {workdir}: pass train.steps >= {found.step} "
+                              "to continue, or sample.py --step=N for an older checkpoint")
     return Plan(Path(workdir), config, tokenizer, source, found, damaged, diffs)
 
 

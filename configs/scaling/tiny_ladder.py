@@ -1,0 +1,24 @@
+"""A sweep in a few minutes, for trying the scaling commands: 5 sizes x 2 token budgets.
+
+    python -m transformer scaling --sweep=configs/scaling/tiny_ladder.py --workdir=runs/tiny_ladder
+
+Sizing rule (transformer.scaling.ladder): d_model = 16 x n_layers, heads of 16, d_ff = 4 x
+d_model, n_layers = 1..5 (about 3K to 66K non-embedding params). Byte-level, context 64,
+batch 8 (512 tokens a step), 100K and 200K tokens per member. The members are too small and
+too short for a trustworthy fit: this config is for seeing what a sweep writes
+(docs/scaling.md), the CPU ladder and IsoFLOP configs are for results.
+"""
+
+from transformer.config import base_config
+from transformer.scaling.sweep import ladder, sweep_config
+
+
+def get_config():
+    base = base_config()
+    base.model.update(max_seq_len=64)
+    base.sample.max_new_tokens = 40
+    base.data.update(max_bytes=1_000_000)
+    base.train.update(batch_size=8, lr=3e-3, warmup_steps=20, log_every=10, eval_every=100,
+                      eval_batches=4, ckpt_every=200)
+    return sweep_config(base, ladder(range(1, 6), aspect=16, head_dim=16),
+                        budget_kind="tokens", budgets=[100_000, 200_000])
