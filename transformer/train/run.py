@@ -61,7 +61,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
             metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
             log(f"resuming from step {plan.found.step}")
         log(summary(plan.config, state.params, plan.tokenizer,
-                    data.corpus.describe(plan.config.data.corpus)))
+                    data.describe(plan.config, plan.source)))
         log(matmul_auto.describe(matmul))
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
