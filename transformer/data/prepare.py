@@ -345,6 +345,7 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
         raise CorpusError(f"--val_fraction={val_fraction}: must be strictly between 0 and 1")
     if out.exists() and not overwrite:
         raise CorpusError(f"--out={out} exists; pass --overwrite to replace it")
+    inputs = [str(i) for i in inputs]
     files = expand(inputs)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +354,7 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
     try:
         manifest = _write(files, tmp, tokenizer, vocab_size, text_field, val_fraction,
                           sample_bytes, progress, shard_tokens)
-        manifest["inputs"] = list(inputs)
+        manifest["inputs"] = [str(i) for i in inputs]
         manifest["command"] = command
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():  # --overwrite: the old folder goes only once the new one is complete
