@@ -127,3 +127,13 @@ def test_load_builds_the_configured_tokenizer(tmp_path):
     tok, source = data.load(c)
     assert tok.vocab_size == 3
     assert source.batch(0, "train", 0, 2)["inputs"].max() < 3
+
+
+def test_read_corpus_reads_only_max_bytes_of_a_large_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from transformer.data import corpus
+    big = tmp_path / "big.txt"
+    big.write_text("abcdefghij\n" * 100_000)  # 1.1 MB; under max_bytes=100 only 100 bytes matter
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read the whole file"))
+    assert corpus.read_corpus(str(big), 100) == ("abcdefghij\n" * 10)[:100]

@@ -60,7 +60,8 @@ def read_corpus(corpus: str, max_bytes: int) -> str:
         if size >= max_bytes:
             break
         try:
-            raw = file.read_bytes()[: max_bytes - size]
+            with open(file, "rb") as f:  # only what fits: a 50 GB file is not read whole
+                raw = f.read(max_bytes - size)
         except OSError:
             skipped += 1
             continue
