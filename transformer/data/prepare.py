@@ -376,7 +376,9 @@ def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_frac
                 taken += len(text)
                 yield text
 
+    begin = time.perf_counter()
     tok = build_tokenizer(tokenizer_kind, vocab_size, sample)
+    learned = time.perf_counter()
     hf = tok.hf_tokenizer()
     hf.save(str(folder / "tokenizer.json"))
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
@@ -392,6 +394,8 @@ def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_frac
             writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")), ends)
         bar.show(sum(w.tokens for w in writers.values()))
     splits = {s: w.close() for s, w in writers.items()}
+    seconds = {"tokenizer": round(learned - begin, 2),
+               "encode": round(time.perf_counter() - learned, 2)}
     bar.show(sum(s["tokens"] for s in splits.values()), final=True)
     if not splits["train"]["tokens"] + splits["val"]["tokens"]:
         raise CorpusError(f"{' '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}: "
@@ -408,6 +412,7 @@ def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_frac
                           "sample_bytes": sample_bytes if tokenizer_kind == "bpe" else None},
             "dtype": np.dtype(dtype).name, "val_fraction": val_fraction,
             "text_field": text_field, "splits": splits, "skipped": dict(reader.counts),
+            "seconds": seconds,
             "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
                          "mtime": st.st_mtime} for p in files]}
 
@@ -486,7 +491,9 @@ def main(argv) -> None:
           f"documents), {s['val']['tokens']:,} val tokens ({s['val']['documents']:,} documents); "
           f"{manifest['tokenizer']['kind']} tokenizer, vocabulary "
           f"{manifest['tokenizer']['vocab_size']:,}, {manifest['dtype']}; {mb:,.1f} MB in "
-          f"{secs:.1f}s ({mb / max(secs, 1e-9):.1f} MB/s)"
+          f"{secs:.1f}s ({mb / max(secs, 1e-9):.1f} MB/s; tokenizer "
+          f"{manifest['seconds']['tokenizer']:.1f}s, encoding {manifest['seconds']['encode']:.1f}s"
+          f" = {mb / max(manifest['seconds']['encode'], 1e-9):.1f} MB/s)"
           + (f"; skipped: {manifest['skipped']}" if manifest["skipped"] else ""))
 
 
