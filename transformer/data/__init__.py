@@ -1,8 +1,8 @@
 """Data: tokenizers, corpora and batches. Knows nothing of the model; hands out integer arrays.
 
 `load(config)` turns the `data` section of a config into (tokenizer, batch source):
-- a prepared folder (`python -m transformer prepare`, prepare.py): its shards memory-mapped and
-  its own tokenizer (prepared.py);
+- a prepared folder (`python -m transformer prepare`, prepare.py): its shards read window by
+  window, and its own tokenizer (prepared.py);
 - a text corpus named directly (stdlib, a file, a folder): read into memory, tokenized whole
   (corpus.py, batches.TokenStream);
 - a synthetic task (copy, random): batches.py.
