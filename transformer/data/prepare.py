@@ -194,14 +194,17 @@ class Reader:
             if self.field not in names:
                 raise CorpusError(f"{path}: no {self.field!r} column (it has: "
                                   f"{', '.join(names)}); pass --text_field=NAME")
-            groups, size = pf.num_row_groups, path.stat().st_size
-            for g in range(groups):  # one row group's text column in memory at a time
-                for text in pf.read_row_group(g, columns=[self.field]).column(0).to_pylist():
+            rows, size, done = max(1, pf.metadata.num_rows), path.stat().st_size, 0
+            # Row group by row group, 256 rows at a time turned into Python strings (a whole
+            # row group of them took 677 MB RSS where 256 rows take ~100 MB less).
+            for batch in pf.iter_batches(batch_size=256, columns=[self.field]):
+                for text in batch.column(0).to_pylist():
                     if isinstance(text, str) and text:
                         yield text, True
-                    elif text is None or not isinstance(text, str):
+                    else:
                         self.counts["bad_records"] += 1
-                self.done = start + size * (g + 1) // groups
+                done += batch.num_rows
+                self.done = start + size * done // rows
         except pyarrow.ArrowException as e:
             raise CorpusError(f"{path}: not a readable Parquet file: "
                               f"{' '.join(str(e).split())}") from None
@@ -485,12 +488,12 @@ def main(argv) -> None:
     manifest = prepare(inputs, f.out, f.tokenizer, f.vocab_size, f.text_field, f.val_fraction,
                        f.sample_bytes, f.overwrite, f.progress, command=sys.argv)
     s = manifest["splits"]
-    mb = sum(x["size"] for x in manifest["sources"]) / 1e6
+    mb = (s["train"]["bytes"] + s["val"]["bytes"]) / 1e6  # of text, whatever the compression
     secs = time.perf_counter() - begin
     print(f"{f.out}: {s['train']['tokens']:,} train tokens ({s['train']['documents']:,} "
           f"documents), {s['val']['tokens']:,} val tokens ({s['val']['documents']:,} documents); "
           f"{manifest['tokenizer']['kind']} tokenizer, vocabulary "
-          f"{manifest['tokenizer']['vocab_size']:,}, {manifest['dtype']}; {mb:,.1f} MB in "
+          f"{manifest['tokenizer']['vocab_size']:,}, {manifest['dtype']}; {mb:,.1f} MB of text in "
           f"{secs:.1f}s ({mb / max(secs, 1e-9):.1f} MB/s; tokenizer "
           f"{manifest['seconds']['tokenizer']:.1f}s, encoding {manifest['seconds']['encode']:.1f}s"
           f" = {mb / max(manifest['seconds']['encode'], 1e-9):.1f} MB/s)"
