@@ -26,8 +26,8 @@ def get_config():
     base = base_config()
     base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
                       remat="dots")
-    # A prepared folder (docs/data.md): its shards are memory-mapped, its tokenizer is the
-    # run's; every member reads the same folder, none tokenizes anything.
+    # A prepared folder (docs/data.md): its shards are read window by window, its tokenizer
+    # is the run's; every member reads the same folder, none tokenizes anything.
     base.data.update(corpus=CORPUS, tokenizer="bpe", bpe_vocab_size=32768)
     base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
                       eval_every=1000, eval_batches=20, ckpt_every=1000)
