@@ -64,4 +64,5 @@ def tokens_per_byte(tokenizer, source) -> float:
     return len(val) / max(1, len(tokenizer.decode(val).encode("utf-8")))
 
 
-__all__ = ["load", "describe", "tokens_per_byte", "prepared", "CorpusError", "TokenizerError", "batches", "corpus", "tokenizers"]
+__all__ = ["load", "describe", "tokens_per_byte", "CorpusError", "TokenizerError", "batches",
+           "corpus", "prepared", "tokenizers"]
