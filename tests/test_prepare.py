@@ -304,3 +304,23 @@ def test_prepare_peak_memory_does_not_grow_with_the_input(tmp_path):
     small, large = peak_mb(6), peak_mb(24)
     print(f"peak RSS: {small:.0f} MB for ~8 MB of input, {large:.0f} MB for ~32 MB")
     assert large < small * 1.2
+
+
+def test_a_byte_model_of_a_prepared_set_exports_its_end_of_text_token():
+    from tokenizers import Tokenizer
+
+    from transformer.hf.export import tokenizer_json
+    tok = Tokenizer.from_str(tokenizer_json(tokenizers.ByteTokenizer(eot=True)))
+    assert tok.get_vocab_size() == 257 and tok.encode("é<|endoftext|>").ids == [195, 169, 256]
+
+
+def test_the_default_models_vocabulary_is_refused_for_a_prepared_byte_set_in_one_line(small_set):
+    from transformer.config import ConfigError
+    from transformer.train.trainer import resolve
+    config = config_lib.base_config()
+    config.data.corpus = str(small_set)
+    tok, _ = data.load(config)
+    with pytest.raises(ConfigError, match="257 tokens; set at least that, or 0"):
+        resolve(config, tok)
+    assert resolve(config_lib.replace(config, **{"model.vocab_size": 0}), tok).model.vocab_size \
+        == 257

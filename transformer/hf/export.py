@@ -35,32 +35,13 @@ def tokenizer_json(tokenizer) -> str:
 
     if tokenizer.kind == "bpe":
         return tokenizer.to_json()["tokenizer"]
-    if tokenizer.kind == "byte":
-        # Byte-level BPE without merges: each byte becomes the token whose id is its value.
-        alphabet = _byte_alphabet()
-        tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        tok.decoder = decoders.ByteLevel()
-        return tok.to_str()
+    if tokenizer.kind == "byte":  # byte-level BPE without merges, plus <|endoftext|> if it has one
+        return tokenizer.hf_tokenizer().to_str()
     # char: one token per character, id = its index; unknown characters are refused by both.
     tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tokenizer.chars)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     return tok.to_str()
-
-
-def _byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-in for each byte (the ByteLevel pre-tokenizer's mapping)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
 
 
 def check_out(out) -> Path:
