@@ -178,6 +178,8 @@ BAD = [
     ("parquet without the field", ["{T}/fields.parquet", "--out={T}/o4"], "it has: title, body"),
     ("empty input", ["{T}/empty.txt", "--out={T}/o5"], "no text"),
     ("out exists", ["{T}/doc.txt", "--out={T}/exists"], "--overwrite"),
+    ("overwrite what is not a dataset", ["{T}/doc.txt", "--out={T}/notes", "--overwrite"],
+     "not a prepared dataset"),
     ("char tokenizer", ["{T}/doc.txt", "--out={T}/o6", "--tokenizer=char"], "byte or bpe"),
     ("no inputs", ["--out={T}/o7"], "INPUT"),
     ("no --out", ["{T}/doc.txt"], "--out"),
@@ -194,6 +196,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "doc.txt").write_text("a short document\n")
     (tmp_path / "exists").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("not to be deleted")
     before = sorted(p.name for p in tmp_path.iterdir())
 
     def run(row):
@@ -206,6 +210,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
             assert out.returncode == 2 and len(lines) == 1, (what, out.stderr)
             assert lines[0].startswith("error:") and phrase in lines[0], (what, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "not to be deleted"
 
 
 @pytest.fixture(scope="module")

@@ -348,6 +348,10 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
         raise CorpusError(f"--val_fraction={val_fraction}: must be strictly between 0 and 1")
     if out.exists() and not overwrite:
         raise CorpusError(f"--out={out} exists; pass --overwrite to replace it")
+    if out.exists() and not (out.is_dir() and ((out / "manifest.json").is_file()
+                                               or not any(out.iterdir()))):
+        raise CorpusError(f"--out={out} exists and is not a prepared dataset (no manifest.json): "
+                          "--overwrite replaces only those; choose another --out")
     inputs = [str(i) for i in inputs]
     files = expand(inputs)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
