@@ -329,3 +329,21 @@ def test_the_default_models_vocabulary_is_refused_for_a_prepared_byte_set_in_one
         resolve(config, tok)
     assert resolve(config_lib.replace(config, **{"model.vocab_size": 0}), tok).model.vocab_size \
         == 257
+
+
+def test_small_shards_hold_the_same_tokens_and_windows_never_span_two(tmp_path):
+    inputs = write_inputs(tmp_path / "in", documents(300, seed=10))
+    prep.prepare(inputs, tmp_path / "one", val_fraction=0.2)
+    manifest = prep.prepare(inputs, tmp_path / "many", val_fraction=0.2, shard_tokens=2000)
+    assert len(manifest["splits"]["train"]["shards"]) > 3
+    for split in ("train", "val"):
+        assert [a.tolist() for a in read_split(tmp_path / "many", split)] == \
+            [a.tolist() for a in read_split(tmp_path / "one", split)]
+    s, T = prepared.PreparedSet(tmp_path / "many", 16), 16
+    shards = [np.fromfile(tmp_path / "many" / x["file"], np.uint16)
+              for x in manifest["splits"]["train"]["shards"]]
+    windows = [sh[w * T:w * T + T + 1] for sh in shards for w in range((len(sh) - 1) // T)]
+    assert s.windows["train"] == len(windows)
+    order = s.window_numbers(5, "train", np.arange(8))
+    np.testing.assert_array_equal(s.batch(5, "train", 0, 8)["inputs"],
+                                  np.stack([windows[w][:-1] for w in order]))
