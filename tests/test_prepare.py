@@ -157,7 +157,7 @@ def test_a_killed_prepare_leaves_nothing_that_trains(tmp_path):
     out = tmp_path / "set"
     proc = subprocess.Popen([sys.executable, "-m", "transformer", "prepare", str(big),
                              f"--out={out}", "--tokenizer=bpe", "--vocab_size=2000",
-                             "--noprogress"], cwd=ROOT)
+                             "--sample_bytes=300000", "--noprogress"], cwd=ROOT)
     deadline = time.monotonic() + 60
     while not any(p.name.startswith(".set.partial") and any(p.glob("train_*.bin"))
                   for p in tmp_path.iterdir()):
