@@ -320,15 +320,12 @@ def test_a_byte_model_of_a_prepared_set_exports_its_end_of_text_token():
 
 
 def test_the_default_models_vocabulary_is_refused_for_a_prepared_byte_set_in_one_line(small_set):
-    from transformer.config import ConfigError
-    from transformer.train.trainer import resolve
-    config = config_lib.base_config()
-    config.data.corpus = str(small_set)
-    tok, _ = data.load(config)
-    with pytest.raises(ConfigError, match="257 tokens; set at least that, or 0"):
-        resolve(config, tok)
-    assert resolve(config_lib.replace(config, **{"model.vocab_size": 0}), tok).model.vocab_size \
-        == 257
+    out = run_cli("train.py", "--config=configs/tiny.py", f"--config.data.corpus={small_set}",
+                  "--workdir=/nonexistent/never-created", "--config.model.vocab_size=256",
+                  timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "257 tokens; set at least that, or 0" in lines[0]
 
 
 def test_small_shards_hold_the_same_tokens_and_windows_never_span_two(tmp_path):

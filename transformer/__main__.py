@@ -22,7 +22,7 @@ import sys
 
 # command -> (module, one line for the list)
 COMMANDS = {
-    "prepare": ("transformer.data.prepare", "tokenize a corpus once into shards (data/prepare.py)"),
+    "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),
     "scaling": ("transformer.scaling.sweep", "train a sweep, report and fit it"),
     "plot": ("transformer.scaling.plot", "loss curves of runs (PNG)"),

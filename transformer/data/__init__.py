@@ -1,11 +1,15 @@
-"""Data: tokenizers, corpora and batches. Knows nothing of the model; hands out integer arrays.
+"""The data room: text in, integer batches out. Knows nothing of the model.
 
-`load(config)` turns the `data` section of a config into (tokenizer, batch source):
-- a prepared folder (`python -m transformer prepare`, prepare.py): its shards read window by
-  window, and its own tokenizer (prepared.py);
-- a text corpus named directly (stdlib, a file, a folder): read into memory, tokenized whole
-  (corpus.py, batches.TokenStream);
-- a synthetic task (copy, random): batches.py.
+    tokenizers.py  byte, char and BPE tokenizers (saved with every checkpoint as JSON)
+    corpus.py      corpora: the standard library's sources, files, folders, synthetic tasks
+    batches.py     a batch is a pure function of (seed, split, index, row)
+    prepare.py     a corpus tokenized once into token shards + manifest (docs/data.md)
+    prepared.py    reading a prepared folder: windows, each epoch a keyed permutation
+
+`load(config)` turns the `data` section of a config into (tokenizer, batch source): a prepared
+folder (its own tokenizer, its shards read window by window), a text corpus named directly
+(read into memory and tokenized whole: batches.TokenStream) or a synthetic task.
+May import: config/. Never: model/, train/ or anything above them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Prepare a corpus once: documents → token shards, document offsets, tokenizer and manifest.
 
+The command is `python -m transformer prepare` (its flags in tools/prepare.py):
+
     python -m transformer prepare stdlib --out=data/stdlib
     python -m transformer prepare books/ notes.txt --out=data/books --tokenizer=bpe --vocab_size=8192
     python -m transformer prepare 'fineweb/sample/10BT/*.parquet' --out=data/fineweb \
@@ -464,47 +466,3 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> None:
             return
         except queue.Full:
             continue
-
-
-def _define_flags():
-    from absl import flags
-    flags.DEFINE_string("out", None, "The folder to write (refused if it exists).")
-    flags.DEFINE_string("tokenizer", "byte", "byte | bpe | a tokenizer.json file.")
-    flags.DEFINE_integer("vocab_size", 8192, "bpe: the vocabulary, end-of-text token included.")
-    flags.DEFINE_string("text_field", "text", "JSONL/Parquet: the field holding the text.")
-    flags.DEFINE_float("val_fraction", 0.05, "The fraction of documents held out (by hash).")
-    flags.DEFINE_integer("sample_bytes", SAMPLE_BYTES, "bpe: learn from this much training text.")
-    flags.DEFINE_bool("overwrite", False, "Replace --out if it exists.")
-    flags.DEFINE_bool("progress", True, "Show progress (MB/s, ETA) on stderr.")
-    return flags.FLAGS
-
-
-def main(argv) -> None:
-    from absl import flags
-
-    from transformer import cli
-    inputs, f = argv[1:], flags.FLAGS
-    if not inputs:
-        cli.fail("give INPUT... (files, folders, globs or stdlib) and --out=DIR")
-    if not f.out:
-        cli.fail("--out=DIR is required: the folder to write")
-    begin = time.perf_counter()
-    manifest = prepare(inputs, f.out, f.tokenizer, f.vocab_size, f.text_field, f.val_fraction,
-                       f.sample_bytes, f.overwrite, f.progress, command=sys.argv)
-    s = manifest["splits"]
-    mb = (s["train"]["bytes"] + s["val"]["bytes"]) / 1e6  # of text, whatever the compression
-    secs = time.perf_counter() - begin
-    print(f"{f.out}: {s['train']['tokens']:,} train tokens ({s['train']['documents']:,} "
-          f"documents), {s['val']['tokens']:,} val tokens ({s['val']['documents']:,} documents); "
-          f"{manifest['tokenizer']['kind']} tokenizer, vocabulary "
-          f"{manifest['tokenizer']['vocab_size']:,}, {manifest['dtype']}; {mb:,.1f} MB of text in "
-          f"{secs:.1f}s ({mb / max(secs, 1e-9):.1f} MB/s; tokenizer "
-          f"{manifest['seconds']['tokenizer']:.1f}s, encoding {manifest['seconds']['encode']:.1f}s"
-          f" = {mb / max(manifest['seconds']['encode'], 1e-9):.1f} MB/s)"
-          + (f"; skipped: {manifest['skipped']}" if manifest["skipped"] else ""))
-
-
-if __name__ == "__main__":
-    _define_flags()
-    from transformer import cli
-    cli.run(main)
