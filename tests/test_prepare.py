@@ -344,3 +344,23 @@ def test_small_shards_hold_the_same_tokens_and_windows_never_span_two(tmp_path):
     order = s.window_numbers(5, "train", np.arange(8))
     np.testing.assert_array_equal(s.batch(5, "train", 0, 8)["inputs"],
                                   np.stack([windows[w][:-1] for w in order]))
+
+
+def test_an_error_while_writing_stops_the_reader_at_once(tmp_path, monkeypatch):
+    inputs = write_inputs(tmp_path / "in", documents(3000, seed=11))
+    monkeypatch.setattr(prep, "BATCH_CHARS", 1000)
+
+    def fail(*_):
+        raise OSError("disk full")
+    monkeypatch.setattr(prep.SplitWriter, "add", fail)
+    reader_done = []
+    units = prep.Reader.units
+
+    def counting(self):
+        yield from units(self)
+        reader_done.append(True)
+    monkeypatch.setattr(prep.Reader, "units", counting)
+    with pytest.raises(OSError, match="disk full"):
+        prep.prepare(inputs, tmp_path / "set")
+    assert not reader_done  # it stopped at its next batch, not after reading everything
+    assert not (tmp_path / "set").exists()

@@ -438,7 +438,8 @@ def _read_ahead(reader: Reader, val_fraction: float):
                 batch.append((text, ends, "val" if is_val(text, val_fraction) else "train"))
                 size += len(text)
                 if size >= BATCH_CHARS:
-                    _put(batches, batch, stop)
+                    if not _put(batches, batch, stop):
+                        return  # the consumer stopped (an error there): read no further
                     batch, size = [], 0
             if batch:
                 _put(batches, batch, stop)
@@ -459,10 +460,12 @@ def _read_ahead(reader: Reader, val_fraction: float):
         raise failure[0]
 
 
-def _put(q: queue.Queue, item, stop: threading.Event) -> None:
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Puts item unless the consumer has stopped; False if it has."""
     while not stop.is_set():
         try:
             q.put(item, timeout=0.1)
-            return
+            return True
         except queue.Full:
             continue
+    return False
