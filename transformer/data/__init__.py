@@ -3,6 +3,7 @@
     tokenizers.py  byte, char and BPE tokenizers (saved with every checkpoint as JSON)
     corpus.py      corpora: the standard library's sources, files, folders, synthetic tasks
     batches.py     a batch is a pure function of (seed, split, index, row)
+    sources.py     documents from files, folders, globs: Parquet, JSON Lines, text
     prepare.py     a corpus tokenized once into token shards + manifest (docs/data.md)
     prepared.py    reading a prepared folder: windows, each epoch a keyed permutation
 
