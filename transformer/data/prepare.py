@@ -3,7 +3,8 @@
 The command is `python -m transformer prepare` (its flags in tools/prepare.py):
 
     python -m transformer prepare stdlib --out=data/stdlib
-    python -m transformer prepare books/ notes.txt --out=data/books --tokenizer=bpe --vocab_size=8192
+    python -m transformer prepare books/ notes.txt --out=data/books --tokenizer=bpe \
+        --vocab_size=8192
     python -m transformer prepare 'fineweb/sample/10BT/*.parquet' --out=data/fineweb \
         --tokenizer=path/to/gpt2/tokenizer.json
     python train.py --config.data.corpus=data/stdlib --config.model.vocab_size=0

@@ -1,7 +1,8 @@
 """`python -m transformer prepare INPUT... --out=DIR`: tokenize a corpus once into shards.
 
     python -m transformer prepare stdlib --out=data/stdlib
-    python -m transformer prepare 'shards/*.parquet' --out=data/web --tokenizer=bpe --vocab_size=32768
+    python -m transformer prepare 'shards/*.parquet' --out=data/web --tokenizer=bpe \
+        --vocab_size=32768
 
 The work is transformer/data/prepare.py's (inputs, the split, the folder: docs/data.md); this
 is its command line: flags, the summary line, and bad input as one `error:` line.
