@@ -95,6 +95,12 @@ def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_pa
         assert manifest["splits"][split]["documents"] == len(expected)
     assert manifest["dtype"] == "uint16"
     assert [s["path"] for s in manifest["sources"]][:4] == [str(p) for p in inputs[:4]]
+    # The folder loads (its tokenizer.json matches the manifest's hash), and the tokenizer a
+    # checkpoint saves comes back as the same one (what a resumed run is checked against).
+    loaded = prepared.PreparedSet(out, 8).tokenizer
+    assert loaded.kind == kind and loaded.eot == eot
+    assert tokenizers.fingerprint(tokenizers.from_json(loaded.to_json())) == \
+        tokenizers.fingerprint(loaded) == manifest["tokenizer"]["sha256"]
 
 
 def test_a_large_text_file_is_cut_into_pieces_that_encode_like_the_whole(tmp_path):
