@@ -370,3 +370,22 @@ def test_an_error_while_writing_stops_the_reader_at_once(tmp_path, monkeypatch):
         prep.prepare(inputs, tmp_path / "set")
     assert not reader_done  # it stopped at its next batch, not after reading everything
     assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("own_end", [None, "</s>"])
+def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_end, tmp_path):
+    from tokenizers import Tokenizer
+    docs = documents(80, seed=12)
+    trained = tokenizers.BPETokenizer.train(iter(docs), 300).hf_tokenizer()
+    if own_end:
+        trained.add_special_tokens([own_end])
+    trained.save(str(tmp_path / "given.json"))
+    inputs = write_inputs(tmp_path / "in", docs)
+    manifest = prep.prepare(inputs, tmp_path / "set", tokenizer=str(tmp_path / "given.json"),
+                            val_fraction=0.2)
+    tok = Tokenizer.from_file(str(tmp_path / "set" / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    assert eot == tok.token_to_id(own_end or tokenizers.EOT)
+    train = [d for d in docs if not prep.is_val(d, 0.2)]
+    assert [a.tolist() for a in read_split(tmp_path / "set", "train")] == \
+        [tok.encode(d).ids + [eot] for d in train]
