@@ -159,8 +159,8 @@ def _trained_with(workdir) -> str:
     import importlib.util
     import shlex
 
-    from transformer.config import resume
     from transformer import checkpoint
+    from transformer.config import resume
 
     saved = checkpoint.Checkpoints(workdir, read_only=True).read_meta()["config"]
     best = None

@@ -146,3 +146,13 @@ def test_reading_a_folder_says_how_much_text_came_from_how_many_files(tmp_path):
     whole = corpus_lib.read_corpus(str(tmp_path / "a.txt"), max_bytes=10_000).read
     assert (whole.files, whole.full, whole.skipped) == (1, False, 0)
     assert "reached" not in whole.describe()
+
+
+def test_read_corpus_reads_only_max_bytes_of_a_large_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from transformer.data import corpus
+    big = tmp_path / "big.txt"
+    big.write_text("abcdefghij\n" * 100_000)  # 1.1 MB; under max_bytes=100 only 100 bytes matter
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read the whole file"))
+    assert corpus.read_corpus(str(big), 100) == ("abcdefghij\n" * 10)[:100]

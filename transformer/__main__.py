@@ -1,6 +1,7 @@
 """The package's commands: `python -m transformer COMMAND [--flags]`.
 
     python -m transformer fields                                  every config field
+    python -m transformer prepare stdlib --out=data/stdlib       tokenize once into shards
     python -m transformer sizes --config=configs/gpt3_175b.py     parameters, FLOPs, memory
     python -m transformer scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
     python -m transformer plot runs/tiny runs/default             loss curves of runs
@@ -23,6 +24,7 @@ import sys
 # command -> (module, one line for the list)
 COMMANDS = {
     "fields": ("transformer.tools.fields", "every config field: default, allowed values, meaning"),
+    "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),
     "scaling": ("transformer.scaling.sweep", "train a sweep, report and fit it"),
     "plot": ("transformer.scaling.plot", "loss curves of runs (PNG)"),

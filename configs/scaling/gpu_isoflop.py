@@ -4,18 +4,26 @@ training FLOPs per token).
 
     python -m transformer scaling --sweep=configs/scaling/gpu_isoflop.py --workdir=runs/isoflop
 
-15 runs; the report fits L(N, D) over all of them. Same rule as gpu_ladder.py.
+15 runs; the report fits L(N, D) over all of them. Same rule and the same prepared folder
+(data.corpus) as gpu_ladder.py.
 """
 
 from transformer.config import base_config
 from transformer.scaling.sweep import ladder, sweep_config
+
+# Made once, before the sweep (about 20 GB for FineWeb's 10B-token sample; docs/data.md):
+#   python -m transformer prepare 'fineweb/sample/10BT/*.parquet' --out=data/fineweb10B \
+#       --tokenizer=bpe --vocab_size=32768
+CORPUS = "data/fineweb10B"
 
 
 def get_config():
     base = base_config()
     base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
                       remat="dots")
-    base.data.update(tokenizer="bpe", bpe_vocab_size=32768, max_bytes=2_000_000_000)
+    # A prepared folder (docs/data.md): its shards are read window by window, its tokenizer
+    # is the run's; every member reads the same folder, none tokenizes anything.
+    base.data.update(corpus=CORPUS, tokenizer="bpe", bpe_vocab_size=32768)
     base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
                       eval_every=1000, eval_batches=20, ckpt_every=1000)
     return sweep_config(base, ladder([6, 8, 12, 16, 20], aspect=64, head_dim=64),

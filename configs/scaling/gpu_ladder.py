@@ -7,18 +7,28 @@ Sizing rule (transformer.scaling.ladder): d_model = 64 × n_layers, heads of 64 
 n_layers), d_ff = 4 × d_model, n_layers in 6, 8, 12, 16, 20, 24, 28. Each run sees 20 tokens
 per non-embedding parameter (Hoffmann et al. 2022): 0.2B tokens for the smallest, 22B for
 the largest. GPT-2-sized BPE (32K tokens), context 1024, bfloat16 compute, scanned layers.
-Point data.corpus at a large text corpus; the standard library is far too small for this.
+data.corpus names a prepared folder (CORPUS below; make it once with
+`python -m transformer prepare`, docs/data.md); another one with --sweep.base.data.corpus=DIR.
+FineWeb's 10B-token sample is read about 2.2 times by the largest member (22B tokens): its
+start-up summary says how many epochs it makes.
 """
 
 from transformer.config import base_config
 from transformer.scaling.sweep import ladder, sweep_config
+
+# Made once, before the sweep (about 20 GB for FineWeb's 10B-token sample; docs/data.md):
+#   python -m transformer prepare 'fineweb/sample/10BT/*.parquet' --out=data/fineweb10B \
+#       --tokenizer=bpe --vocab_size=32768
+CORPUS = "data/fineweb10B"
 
 
 def get_config():
     base = base_config()
     base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
                       remat="dots")
-    base.data.update(tokenizer="bpe", bpe_vocab_size=32768, max_bytes=2_000_000_000)
+    # A prepared folder (docs/data.md): its shards are read window by window, its tokenizer
+    # is the run's; every member reads the same folder, none tokenizes anything.
+    base.data.update(corpus=CORPUS, tokenizer="bpe", bpe_vocab_size=32768)
     base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
                       eval_every=1000, eval_batches=20, ckpt_every=1000)
     return sweep_config(base, ladder([6, 8, 12, 16, 20, 24, 28], aspect=64, head_dim=64),

@@ -138,15 +138,16 @@ _MODEL = [
 ]
 
 _DATA = [
-    _f("data.corpus", "stdlib", "stdlib | copy | random | a path to a text file or folder",
-       CHANGE),
+    _f("data.corpus", "stdlib", "stdlib | copy | random | a text file or folder | a prepared "
+       "folder (python -m transformer prepare; docs/data.md)", CHANGE),
     _f("data.tokenizer", "byte", "byte | char | bpe", FIXED, TOKENIZERS),
     _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: merges learned on the training text", FIXED,
        check=lambda v: None if v >= 257 else
        "must be at least 257 (the 256 byte tokens plus one merge)"),
     _f("data.max_bytes", 4_000_000, "read at most this much text", CHANGE,
        check=lambda v: None if v > 0 else "must be positive"),
-    _f("data.val_fraction", 0.05, "the tail of the corpus held out for validation", CHANGE,
+    _f("data.val_fraction", 0.05, "held out for validation (evenly spread blocks of a text "
+       "corpus; a prepared folder has its own split)", CHANGE,
        check=lambda v: None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"),
 ]
 

@@ -1,7 +1,9 @@
 """Text ↔ token ids. A tokenizer is saved with every checkpoint as a small JSON dict.
 
 - `ByteTokenizer`: the UTF-8 bytes of the text, vocabulary 256. Needs no training and encodes
-  any text (Chinese takes 3 bytes a character). The default.
+  any text (Chinese takes 3 bytes a character). The default. A prepared dataset
+  (`python -m transformer prepare`, data/prepare.py) ends every document with an end-of-text
+  token: its byte tokenizer has one more id, 256 (`<|endoftext|>`), vocabulary 257.
 - `CharTokenizer`: one id per distinct character of the training corpus (sorted), the classic
   char-level setup; text with a character it never saw is refused with the character named.
 - `BPETokenizer`: byte-level BPE (GPT-2's scheme) learned on the training text with the
@@ -11,6 +13,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 import numpy as np
@@ -22,9 +26,15 @@ class TokenizerError(ValueError):
     """Text the tokenizer cannot encode, or a tokenizer description it cannot load."""
 
 
+EOT = "<|endoftext|>"  # the end-of-text token's text in every tokenizer.json we write
+
+
 class ByteTokenizer:
     kind = "byte"
-    vocab_size = 256
+
+    def __init__(self, eot: bool = False):
+        self.eot = 256 if eot else None  # the end-of-text id, after the 256 bytes
+        self.vocab_size = 257 if eot else 256
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -36,7 +46,28 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
     def to_json(self) -> dict:
-        return {"kind": self.kind}
+        return {"kind": self.kind} if self.eot is None else {"kind": self.kind, "eot": self.eot}
+
+    def hf_tokenizer(self):
+        """The same encoding as a `tokenizers.Tokenizer` (what a prepared folder's
+        tokenizer.json holds): GPT-2's byte-to-character map, no merges, so the ids are the
+        bytes; `<|endoftext|>` is 256."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        chars = _bytes_to_unicode()
+        tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        if self.eot is not None:
+            tok.add_special_tokens([EOT])
+        return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from bytes to printable characters (what byte-level BPE works on)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
 
 
 class CharTokenizer:
@@ -74,20 +105,28 @@ class CharTokenizer:
 class BPETokenizer:
     kind = "bpe"
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, eot: int | None = None):
         self._tok = tokenizer  # a tokenizers.Tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
+        # The end-of-text id: None unless the set was prepared (prepare.py adds or finds one).
+        self.eot = tokenizer.token_to_id(EOT) if eot is None else eot
+
+    def hf_tokenizer(self):
+        return self._tok
 
     @classmethod
-    def train(cls, text: str, vocab_size: int) -> "BPETokenizer":
-        """Learns merges on `text` until `vocab_size` tokens (fewer if the text runs out)."""
+    def train(cls, text, vocab_size: int, eot: bool = False) -> "BPETokenizer":
+        """Learns merges on `text` (a string, or an iterable of documents) until `vocab_size`
+        tokens (fewer if the text runs out); with `eot`, the last of them is `<|endoftext|>`."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size - bool(eot), show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(_chunks(text), trainer)
+        tok.train_from_iterator(_chunks(text) if isinstance(text, str) else text, trainer)
+        if eot:
+            tok.add_special_tokens([EOT])
         return cls(tok)
 
     def encode(self, text: str) -> list[int]:
@@ -102,7 +141,8 @@ class BPETokenizer:
         return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "tokenizer": self._tok.to_str()}
+        spec = {"kind": self.kind, "tokenizer": self._tok.to_str()}
+        return spec if self.eot is None else {**spec, "eot": self.eot}
 
 
 def _chunks(text: str, lines: int = 256):
@@ -114,17 +154,24 @@ def _chunks(text: str, lines: int = 256):
         yield "".join(pieces[i:i + lines])
 
 
+def fingerprint(tokenizer) -> str:
+    """A short hash of what the tokenizer does (its saved JSON): two tokenizers with the same
+    fingerprint give the same ids for every text."""
+    spec = json.dumps(tokenizer.to_json(), sort_keys=True).encode()
+    return hashlib.sha256(spec).hexdigest()[:16]
+
+
 def from_json(spec: dict):
     """Rebuilds a tokenizer saved with `to_json`."""
     kind = spec.get("kind")
     if kind == "byte":
-        return ByteTokenizer()
+        return ByteTokenizer(eot=spec.get("eot") is not None)
     if kind == "char":
         return CharTokenizer(spec["chars"])
     if kind == "bpe":
         from tokenizers import Tokenizer
         try:
-            return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]))
+            return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]), spec.get("eot"))
         except (KeyError, Exception) as e:  # tokenizers raises a bare Exception on bad JSON
             raise TokenizerError(f"a saved bpe tokenizer could not be loaded: {e}") from None
     raise TokenizerError(f"unknown tokenizer kind {kind!r}: expected one of {', '.join(KINDS)}")

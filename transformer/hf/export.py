@@ -35,13 +35,8 @@ def tokenizer_json(tokenizer) -> str:
 
     if tokenizer.kind == "bpe":
         return tokenizer.to_json()["tokenizer"]
-    if tokenizer.kind == "byte":
-        # Byte-level BPE without merges: each byte becomes the token whose id is its value.
-        alphabet = hf.byte_alphabet()
-        tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        tok.decoder = decoders.ByteLevel()
-        return tok.to_str()
+    if tokenizer.kind == "byte":  # byte-level BPE without merges, plus <|endoftext|> if it has one
+        return tokenizer.hf_tokenizer().to_str()
     # char: one token per character, id = its index; unknown characters are refused by both.
     tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tokenizer.chars)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")

@@ -72,8 +72,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         elif plan.config.train.init_from:
             log(hf_import.describe(plan.config, plan.tokenizer))
         log(summary(plan.config, state.params, plan.tokenizer,
-                    data.corpus.describe(plan.config.data.corpus,
-                                         getattr(plan.source, "read", None))))
+                    data.describe(plan.config, plan.source)))
         log(matmul_auto.describe(matmul))
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),

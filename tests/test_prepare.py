@@ -1,0 +1,391 @@
+"""Prepared datasets (transformer/data/prepare.py, prepared.py): what goes into the shards is the
+saved tokenizer's own encoding of each document plus the end-of-text token, whatever the input
+format; the split is by document and stable as data is added; a prepare that fails or is
+killed leaves nothing trainable; bad input is one line; batches from a prepared folder are a
+pure function of (seed, split, index, row), one epoch visits every window once, and a run
+killed with SIGKILL resumes on it bit for bit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_cli
+from transformer import config as config_lib
+from transformer import data
+from transformer.data import prepare as prep
+from transformer.data import prepared, tokenizers
+from transformer.data.corpus import CorpusError
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards hex jolly boxes "
+         "déjà vu 中文 naïve\tdef f(x):\n    return x").split(" ")
+
+
+def documents(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(1, 60))) + rng.choice([".", "\n", ".\n"])
+            for _ in range(n)]  # never empty: an empty document is left out
+
+
+def write_inputs(folder: Path, docs: list[str], field: str = "text") -> list[Path]:
+    """docs spread over Parquet, JSONL (plain, .gz, .zst) and text files, in this order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = np.array_split(np.arange(len(docs)), 5)
+    take = lambda i: [docs[j] for j in parts[i]]  # noqa: E731
+    paths = [folder / "a.parquet", folder / "b.jsonl", folder / "c.jsonl.gz",
+             folder / "d.jsonl.zst", folder / "e"]
+    pq.write_table(pa.table({"id": list(range(len(parts[0]))), field: take(0)}), paths[0],
+                   row_group_size=7)
+    lines = lambda i: "".join(json.dumps({"id": 1, field: d}) + "\n" for d in take(i))  # noqa
+    paths[1].write_text(lines(1))
+    paths[2].write_bytes(gzip.compress(lines(2).encode()))
+    paths[3].write_bytes(zstandard.ZstdCompressor().compress(lines(3).encode()))
+    paths[4].mkdir(exist_ok=True)
+    for k, d in enumerate(take(4)):  # a folder of text files, one document each
+        (paths[4] / f"{k:04d}.txt").write_text(d)
+    return paths
+
+
+def read_split(folder: Path, split: str) -> list[np.ndarray]:
+    """The split's pieces (documents here), as written."""
+    manifest = prepared.read_manifest(folder)
+    out = []
+    for shard in manifest["splits"][split]["shards"]:
+        tokens = np.fromfile(folder / shard["file"], dtype=manifest["dtype"])
+        ends = np.load(folder / shard["file"].replace(".bin", ".ends.npy"))
+        out += np.split(tokens, ends[:-1])
+    return out
+
+
+def decoded_split(folder: Path, split: str) -> list[str]:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return [tok.decode(ids[:-1].tolist()) for ids in read_split(folder, split)]
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_path):
+    from tokenizers import Tokenizer
+    docs = documents(120, seed=1)
+    docs[3] += " <|endoftext|> inside a document"  # encodes as the tokenizer itself encodes it
+    inputs = write_inputs(tmp_path / "in", docs)
+    out = tmp_path / "set"
+    manifest = prep.prepare(inputs, out, tokenizer=kind, vocab_size=300, val_fraction=0.2)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    assert tok.token_to_id(tokenizers.EOT) == eot == manifest["tokenizer"]["vocab_size"] - 1
+    for split in ("train", "val"):
+        expected = [tok.encode(d).ids + [eot] for d in docs
+                    if prep.is_val(d, 0.2) == (split == "val")]
+        got = [ids.tolist() for ids in read_split(out, split)]
+        assert got == expected
+        assert manifest["splits"][split]["documents"] == len(expected)
+    assert manifest["dtype"] == "uint16"
+    assert [s["path"] for s in manifest["sources"]][:4] == [str(p) for p in inputs[:4]]
+    # The folder loads (its tokenizer.json matches the manifest's hash), and the tokenizer a
+    # checkpoint saves comes back as the same one (what a resumed run is checked against).
+    loaded = prepared.PreparedSet(out, 8).tokenizer
+    assert loaded.kind == kind and loaded.eot == eot
+    assert tokenizers.fingerprint(tokenizers.from_json(loaded.to_json())) == \
+        tokenizers.fingerprint(loaded) == manifest["tokenizer"]["sha256"]
+
+
+def test_a_large_text_file_is_cut_into_pieces_that_encode_like_the_whole(tmp_path):
+    text = "".join(documents(3000, seed=2))  # ~450 KB: pieces of ~16K characters
+    (tmp_path / "big.txt").write_text(text)
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "big.txt"], out, tokenizer="bpe", vocab_size=400,
+                            val_fraction=0.3)
+    splits = manifest["splits"]
+    assert splits["train"]["pieces"] > 5 and splits["val"]["pieces"] > 2  # one file, both splits
+    assert splits["train"]["documents"] + splits["val"]["documents"] == 1  # one end-of-text
+    # In file order, the pieces' tokens are the whole file's encoding.
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    pieces = [t for _, t in sorted(
+        [(text.find(tok.decode(ids.tolist())), ids) for s in ("train", "val")
+         for ids in read_split(out, s)], key=lambda p: p[0])]
+    joined = np.concatenate(pieces).tolist()
+    assert joined == tok.encode(text).ids + [manifest["tokenizer"]["eot"]]
+
+
+def test_no_validation_document_is_a_training_document_and_the_fraction_holds(tmp_path):
+    docs = list(dict.fromkeys(documents(3000, seed=3)))  # distinct texts
+    inputs = write_inputs(tmp_path / "in", docs)
+    manifest = prep.prepare(inputs, tmp_path / "set", val_fraction=0.2)
+    train, val = (set(decoded_split(tmp_path / "set", s)) for s in ("train", "val"))
+    assert not train & val
+    assert train | val == set(docs)
+    n_val = manifest["splits"]["val"]["documents"]
+    assert abs(n_val - 0.2 * len(docs)) < 4 * (0.2 * 0.8 * len(docs)) ** 0.5  # 4 sigma
+
+
+def test_more_data_keeps_every_earlier_validation_document_in_validation(tmp_path):
+    first = write_inputs(tmp_path / "first", documents(400, seed=4))
+    more = write_inputs(tmp_path / "more", documents(400, seed=5))
+    prep.prepare(first, tmp_path / "small", val_fraction=0.1)
+    prep.prepare([*first, *more], tmp_path / "large", val_fraction=0.1)
+    small_val = set(decoded_split(tmp_path / "small", "val"))
+    large_val = set(decoded_split(tmp_path / "large", "val"))
+    large_train = set(decoded_split(tmp_path / "large", "train"))
+    assert small_val and small_val <= large_val and not small_val & large_train
+    assert len(large_val) > len(small_val)
+
+
+def test_a_failed_prepare_leaves_no_folder(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(50, seed=6)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(CorpusError, match="no 'text' field.*body"):
+        prep.prepare([good, bad], tmp_path / "set")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "good.jsonl"]
+
+
+def test_a_killed_prepare_leaves_nothing_that_trains(tmp_path):
+    big = tmp_path / "big.jsonl"
+    with open(big, "w") as f:
+        for d in documents(20000, seed=7) * 3:  # ~5 MB, seconds with bpe
+            f.write(json.dumps({"text": d}) + "\n")
+    out = tmp_path / "set"
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "prepare", str(big),
+                             f"--out={out}", "--tokenizer=bpe", "--vocab_size=2000",
+                             "--sample_bytes=300000", "--noprogress"], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".set.partial") and any(p.glob("train_*.bin"))
+                  for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare ended too soon"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists() and not prepared.is_prepared(out)
+    partial = [p for p in tmp_path.iterdir() if p.name.startswith(".set.partial")]
+    assert partial and not prepared.is_prepared(partial[0])  # no manifest: not a dataset
+
+
+# (what, inputs and flags, phrase of the one error line); {T}: the test's folder
+BAD = [
+    ("missing path", ["{T}/nothing.txt", "--out={T}/o1"], "no such file"),
+    ("glob matching nothing", ["{T}/*.nothing", "--out={T}/o2"], "no file matches"),
+    ("jsonl without the field", ["{T}/fields.jsonl", "--out={T}/o3"], "it has: title, body"),
+    ("parquet without the field", ["{T}/fields.parquet", "--out={T}/o4"], "it has: title, body"),
+    ("empty input", ["{T}/empty.txt", "--out={T}/o5"], "no text"),
+    ("out exists", ["{T}/doc.txt", "--out={T}/exists"], "--overwrite"),
+    ("overwrite what is not a dataset", ["{T}/doc.txt", "--out={T}/notes", "--overwrite"],
+     "not a prepared dataset"),
+    ("char tokenizer", ["{T}/doc.txt", "--out={T}/o6", "--tokenizer=char"], "byte or bpe"),
+    ("no inputs", ["--out={T}/o7"], "INPUT"),
+    ("no --out", ["{T}/doc.txt"], "--out"),
+    ("not a tokenizer file", ["{T}/doc.txt", "--out={T}/o8", "--tokenizer={T}/doc.txt"],
+     "not a tokenizers file"),
+]
+
+
+def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "fields.jsonl").write_text(json.dumps({"title": "a", "body": "b"}) + "\n")
+    pq.write_table(pa.table({"title": ["a"], "body": ["b"]}), tmp_path / "fields.parquet")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "doc.txt").write_text("a short document\n")
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("not to be deleted")
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def run(row):
+        args = [a.replace("{T}", str(tmp_path)) for a in row[1]]
+        return row, run_cli("-m", "transformer", "prepare", *args, "--noprogress", timeout=60)
+
+    with ThreadPoolExecutor(4) as pool:
+        for (what, _, phrase), out in pool.map(run, BAD):
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1, (what, out.stderr)
+            assert lines[0].startswith("error:") and phrase in lines[0], (what, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "not to be deleted"
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("set")
+    inputs = write_inputs(folder / "in", documents(600, seed=8))
+    prep.prepare(inputs, folder / "set", val_fraction=0.2)
+    return folder / "set"
+
+
+def test_batches_are_pure_and_rows_split_across_processes(small_set):
+    a, b = prepared.PreparedSet(small_set, 16), prepared.PreparedSet(small_set, 16)
+    for split in ("train", "val"):
+        whole = a.batch(3, split, 7, 8)
+        assert all(np.array_equal(whole[k], b.batch(3, split, 7, 8)[k]) for k in whole)
+        first, second = a.batch(3, split, 7, 8, rows=[0, 2, 4, 6]), a.batch(3, split, 7, 8,
+                                                                              rows=[1, 3, 5, 7])
+        for k in whole:  # two processes' rows: disjoint, and together the one-process batch
+            np.testing.assert_array_equal(whole[k][0::2], first[k])
+            np.testing.assert_array_equal(whole[k][1::2], second[k])
+        np.testing.assert_array_equal(whole["inputs"][:, 1:], whole["targets"][:, :-1])
+    assert not np.array_equal(a.batch(3, "train", 7, 8)["inputs"], a.batch(4, "train", 7, 8)
+                              ["inputs"])
+
+
+def test_an_epoch_visits_every_window_once_in_an_order_keyed_by_seed_and_epoch(small_set):
+    s = prepared.PreparedSet(small_set, 16)
+    n = s.windows["train"]
+    epoch0 = s.window_numbers(0, "train", np.arange(n))
+    epoch1 = s.window_numbers(0, "train", np.arange(n, 2 * n))
+    assert sorted(epoch0) == sorted(epoch1) == list(range(n))
+    assert not np.array_equal(epoch0, epoch1)
+    assert not np.array_equal(epoch0, s.window_numbers(1, "train", np.arange(n)))
+    # Windows tile the split's tokens: every token is a target exactly once per epoch.
+    T, tokens = 16, np.concatenate(read_split(small_set, "train"))
+    B = 4
+    targets = np.concatenate([s.batch(0, "train", i, B)["targets"] for i in range(n // B)])
+    assert len(targets) == (n // B) * B
+    first_tokens = [tokens[w * T:w * T + T + 1] for w in epoch0[: len(targets)]]
+    np.testing.assert_array_equal(np.stack(first_tokens)[:, 1:], targets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 1000, 4097])
+def test_permute_is_a_bijection(n):
+    y = prepared.permute(np.arange(n), n, (0, 0, 0))
+    assert sorted(y.tolist()) == list(range(n))
+
+
+def test_data_load_takes_the_folders_tokenizer_and_refuses_another(small_set):
+    config = config_lib.base_config()
+    config.data.corpus = str(small_set)
+    config.model.max_seq_len = 16
+    tok, source = data.load(config)
+    assert tok.kind == "byte" and tok.vocab_size == 257 and tok.eot == 256
+    assert data.load(config, tokenizers.from_json(tok.to_json()))[0].vocab_size == 257
+    with pytest.raises(CorpusError, match="not the checkpoint's"):
+        data.load(config, tokenizers.ByteTokenizer())
+    assert 1.0 < data.tokens_per_byte(tok, source) < 1.1  # bytes plus one end token a document
+    assert "epochs" in data.describe(config, source)
+
+
+def test_sigkill_resume_on_a_prepared_set_is_bitwise(small_set, tmp_path):
+    from tests import test_resume as r
+    extra = ["--config.data.tokenizer=byte"]
+    baseline = tmp_path / "baseline"
+    out = r.run(r.train_args(small_set, baseline, extra=extra))
+    assert out.returncode == 0, out.stderr
+    assert "prepared set" in out.stdout and "epochs" in out.stdout
+    workdir = tmp_path / "run"
+    proc = r.start(r.train_args(small_set, workdir, extra=extra), step_delay=0.03)
+    r.wait_for(lambda: r.committed(workdir), proc)
+    time.sleep(random.uniform(0.0, 0.2))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    out = r.run(r.train_args(small_set, workdir, extra=extra))
+    assert out.returncode == 0 and "resuming from step" in out.stdout, out.stderr
+    r.assert_bitwise_equal(workdir, r.final_state(baseline))
+
+
+@pytest.mark.slow
+def test_prepare_peak_memory_does_not_grow_with_the_input(tmp_path):
+    def peak_mb(copies: int) -> float:
+        path = tmp_path / f"in{copies}.jsonl"
+        block = "".join(json.dumps({"text": d}) + "\n" for d in documents(8000, seed=9))
+        with open(path, "w") as f:  # ~1.3 MB a copy
+            for _ in range(copies):
+                f.write(block)
+        code = ("import resource, sys; from transformer.data import prepare as p; "
+                "p.prepare([sys.argv[1]], sys.argv[2]); "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+        out = run_cli("-c", code, path, tmp_path / f"out{copies}", timeout=120)
+        assert out.returncode == 0, out.stderr
+        return float(out.stdout.split()[-1])
+
+    small, large = peak_mb(6), peak_mb(24)
+    print(f"peak RSS: {small:.0f} MB for ~8 MB of input, {large:.0f} MB for ~32 MB")
+    assert large < small * 1.2
+
+
+def test_a_byte_model_of_a_prepared_set_exports_its_end_of_text_token():
+    from tokenizers import Tokenizer
+
+    from transformer.hf.export import tokenizer_json
+    tok = Tokenizer.from_str(tokenizer_json(tokenizers.ByteTokenizer(eot=True)))
+    assert tok.get_vocab_size() == 257 and tok.encode("é<|endoftext|>").ids == [195, 169, 256]
+
+
+def test_the_default_models_vocabulary_is_refused_for_a_prepared_byte_set_in_one_line(small_set):
+    out = run_cli("train.py", "--config=configs/tiny.py", f"--config.data.corpus={small_set}",
+                  "--workdir=/nonexistent/never-created", "--config.model.vocab_size=256",
+                  timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "257 tokens; set at least that, or 0" in lines[0]
+
+
+def test_small_shards_hold_the_same_tokens_and_windows_never_span_two(tmp_path):
+    inputs = write_inputs(tmp_path / "in", documents(300, seed=10))
+    prep.prepare(inputs, tmp_path / "one", val_fraction=0.2)
+    manifest = prep.prepare(inputs, tmp_path / "many", val_fraction=0.2, shard_tokens=2000)
+    assert len(manifest["splits"]["train"]["shards"]) > 3
+    for split in ("train", "val"):
+        assert [a.tolist() for a in read_split(tmp_path / "many", split)] == \
+            [a.tolist() for a in read_split(tmp_path / "one", split)]
+    s, T = prepared.PreparedSet(tmp_path / "many", 16), 16
+    shards = [np.fromfile(tmp_path / "many" / x["file"], np.uint16)
+              for x in manifest["splits"]["train"]["shards"]]
+    windows = [sh[w * T:w * T + T + 1] for sh in shards for w in range((len(sh) - 1) // T)]
+    assert s.windows["train"] == len(windows)
+    order = s.window_numbers(5, "train", np.arange(8))
+    np.testing.assert_array_equal(s.batch(5, "train", 0, 8)["inputs"],
+                                  np.stack([windows[w][:-1] for w in order]))
+
+
+def test_an_error_while_writing_stops_the_reader_at_once(tmp_path, monkeypatch):
+    inputs = write_inputs(tmp_path / "in", documents(3000, seed=11))
+    monkeypatch.setattr(prep, "BATCH_CHARS", 1000)
+
+    def fail(*_):
+        raise OSError("disk full")
+    monkeypatch.setattr(prep.SplitWriter, "add", fail)
+    reader_done = []
+    units = prep.Reader.units
+
+    def counting(self):
+        yield from units(self)
+        reader_done.append(True)
+    monkeypatch.setattr(prep.Reader, "units", counting)
+    with pytest.raises(OSError, match="disk full"):
+        prep.prepare(inputs, tmp_path / "set")
+    assert not reader_done  # it stopped at its next batch, not after reading everything
+    assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("own_end", [None, "</s>"])
+def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_end, tmp_path):
+    from tokenizers import Tokenizer
+    docs = documents(80, seed=12)
+    trained = tokenizers.BPETokenizer.train(iter(docs), 300).hf_tokenizer()
+    if own_end:
+        trained.add_special_tokens([own_end])
+    trained.save(str(tmp_path / "given.json"))
+    inputs = write_inputs(tmp_path / "in", docs)
+    manifest = prep.prepare(inputs, tmp_path / "set", tokenizer=str(tmp_path / "given.json"),
+                            val_fraction=0.2)
+    tok = Tokenizer.from_file(str(tmp_path / "set" / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    assert eot == tok.token_to_id(own_end or tokenizers.EOT)
+    train = [d for d in docs if not prep.is_val(d, 0.2)]
+    assert [a.tolist() for a in read_split(tmp_path / "set", "train")] == \
+        [tok.encode(d).ids + [eot] for d in train]

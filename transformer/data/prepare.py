@@ -1,0 +1,295 @@
+"""Prepare a corpus once: documents → token shards, document offsets, tokenizer and manifest.
+
+The command is `python -m transformer prepare` (its flags in tools/prepare.py):
+
+    python -m transformer prepare stdlib --out=data/stdlib
+    python -m transformer prepare books/ notes.txt --out=data/books --tokenizer=bpe \
+        --vocab_size=8192
+    python -m transformer prepare 'fineweb/sample/10BT/*.parquet' --out=data/fineweb \
+        --tokenizer=path/to/gpt2/tokenizer.json
+    python train.py --config.data.corpus=data/stdlib --config.model.vocab_size=0
+
+The inputs (files, folders, globs, `stdlib`; Parquet, JSON Lines, text) are read by
+sources.py, one document or text-file piece at a time. Every document ends with the
+end-of-text token (the byte tokenizer's id 256, so its vocabulary is 257). The split is
+decided per document (per piece of a large text file) by a hash of its text: a document is in
+exactly one split and stays there when more data is added.
+
+The folder (docs/data.md), written under a hidden temporary name and renamed when complete:
+    manifest.json              what is in it, written last
+    tokenizer.json             the `tokenizers` library's file (Tokenizer.from_file reads it)
+    train_00000.bin ...        the tokens, uint16 when the vocabulary fits, else uint32
+    train_00000.ends.npy ...   int64: where each document (or piece) in that shard ends
+    val_00000.bin, val_00000.ends.npy
+
+Memory stays bounded whatever the input size: documents stream from disk in ~1 MB batches
+through a bounded queue; only the current shard's document ends are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from transformer.data import tokenizers
+from transformer.data.corpus import CorpusError
+from transformer.data.sources import Reader, expand
+
+FORMAT = 1
+BATCH_CHARS = 1 << 20        # text handed to the encoder at once (~1 MB)
+QUEUE_BATCHES = 4            # batches read ahead of the encoder: what bounds memory
+SHARD_TOKENS = 1 << 28       # a shard closes at the first document end past this
+SAMPLE_BYTES = 32_000_000    # BPE learns from at most this much training text (see docs/data.md)
+SPLITS = ("train", "val")
+_EOT_NAMES = (tokenizers.EOT, "</s>", "<|end_of_text|>", "<eos>")  # a given tokenizer's own EOT
+
+
+def is_val(text: str, val_fraction: float) -> bool:
+    """The split of a document: the first 8 bytes of its BLAKE2b hash as a fraction of 2^64.
+    Depends on the text alone, so adding documents never moves one (and a larger fraction
+    only moves training documents into validation)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < val_fraction * 2.0**64
+
+
+def build_tokenizer(kind: str, vocab_size: int, sample):
+    """The tokenizer, with an end-of-text id: byte (vocabulary 257), bpe learned from `sample`
+    (an iterable of training documents; called only for bpe), or a tokenizer.json file."""
+    if kind == "byte":
+        return tokenizers.ByteTokenizer(eot=True)
+    if kind == "bpe":
+        if vocab_size < 258:
+            raise CorpusError(f"--vocab_size={vocab_size}: bpe needs at least 258 "
+                              "(256 bytes, one merge, the end-of-text token)")
+        return tokenizers.BPETokenizer.train(sample(), vocab_size, eot=True)
+    if kind == "char":
+        raise CorpusError("--tokenizer=char: a char vocabulary is the whole corpus's characters, "
+                          "which a streamed set cannot know up front; use byte or bpe")
+    path = Path(kind).expanduser()
+    if not path.is_file():
+        raise CorpusError(f"--tokenizer={kind}: expected byte, bpe or a tokenizer.json file")
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception
+        raise CorpusError(f"--tokenizer={kind}: not a tokenizers file: "
+                          f"{' '.join(str(e).split())}") from None
+    eot = next((tok.token_to_id(t) for t in _EOT_NAMES if tok.token_to_id(t) is not None), None)
+    if eot is None:
+        tok.add_special_tokens([tokenizers.EOT])
+        eot = tok.token_to_id(tokenizers.EOT)
+    return tokenizers.BPETokenizer(tok, eot)
+
+
+class Encoder:
+    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer.hf_tokenizer()
+        self.byte = tokenizer.kind == "byte"
+
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        if self.byte:  # the bytes themselves (the tokenizer.json gives the same ids, slower)
+            return [np.frombuffer(t.encode("utf-8", "surrogatepass"), np.uint8)
+                    if tokenizers.EOT not in t else np.asarray(self.tok.encode(t).ids)
+                    for t in texts]
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        return [np.asarray(e.ids) for e in encode(texts)]
+
+
+class SplitWriter:
+    """One split's shards: tokens appended as they come, a shard closed at a document end
+    past SHARD_TOKENS, its document ends saved with it."""
+
+    def __init__(self, folder: Path, split: str, dtype, shard_tokens: int = SHARD_TOKENS):
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+        self.shards, self.documents, self.pieces, self.tokens, self.bytes = [], 0, 0, 0, 0
+        self._file = None
+
+    def add(self, ids: np.ndarray, nbytes: int, ends_document: bool) -> None:
+        if self._file is None:
+            self._name = f"{self.split}_{len(self.shards):05d}"
+            self._file = open(self.folder / f"{self._name}.bin", "wb")
+            self._ends, self._length = [], 0
+        self._file.write(ids.astype(self.dtype, copy=False).tobytes())
+        self._length += len(ids)
+        self._ends.append(self._length)
+        self.pieces += 1
+        self.documents += ends_document
+        self.tokens += len(ids)
+        self.bytes += nbytes
+        if self._length >= self.shard_tokens:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        self._file.close()
+        np.save(self.folder / f"{self._name}.ends.npy", np.asarray(self._ends, np.int64))
+        self.shards.append({"file": f"{self._name}.bin", "tokens": self._length,
+                            "pieces": len(self._ends)})
+        self._file = None
+
+    def close(self) -> dict:
+        if self._file is not None:
+            self._close_shard()
+        return {"documents": self.documents, "pieces": self.pieces, "tokens": self.tokens,
+                "bytes": self.bytes, "shards": self.shards}
+
+
+class Progress:
+    """One line on stderr, redrawn twice a second: MB read, MB/s, ETA, tokens."""
+
+    def __init__(self, reader: Reader, enabled: bool):
+        self.reader, self.enabled = reader, enabled
+        self.begin = self.last = time.perf_counter()
+
+    def show(self, tokens: int, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < 0.5 and not final):
+            return
+        self.last = now
+        done, total = self.reader.done / 1e6, max(self.reader.total, 1) / 1e6
+        rate = done / max(now - self.begin, 1e-9)
+        eta = (total - done) / rate if rate > 0 else 0.0
+        print(f"\rprepare: {done:,.0f}/{total:,.0f} MB, {rate:.1f} MB/s, "
+              f"ETA {eta:.0f}s, {tokens:,} tokens ", end="\n" if final else "",
+              file=sys.stderr, flush=True)
+
+
+def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
+            text_field: str = "text", val_fraction: float = 0.05,
+            sample_bytes: int = SAMPLE_BYTES, overwrite: bool = False, progress: bool = False,
+            command=None, shard_tokens: int = SHARD_TOKENS) -> dict:
+    """Writes the prepared folder `out` and returns its manifest."""
+    out = Path(out).expanduser()
+    if not 0.0 < val_fraction < 1.0:
+        raise CorpusError(f"--val_fraction={val_fraction}: must be strictly between 0 and 1")
+    if out.exists() and not overwrite:
+        raise CorpusError(f"--out={out} exists; pass --overwrite to replace it")
+    if out.exists() and not (out.is_dir() and ((out / "manifest.json").is_file()
+                                               or not any(out.iterdir()))):
+        raise CorpusError(f"--out={out} exists and is not a prepared dataset (no manifest.json): "
+                          "--overwrite replaces only those; choose another --out")
+    inputs = [str(i) for i in inputs]
+    files = expand(inputs)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = _write(files, tmp, tokenizer, vocab_size, text_field, val_fraction,
+                          sample_bytes, progress, shard_tokens)
+        manifest["inputs"] = [str(i) for i in inputs]
+        manifest["command"] = command
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        if out.exists():  # --overwrite: the old folder goes only once the new one is complete
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_fraction,
+           sample_bytes, progress, shard_tokens) -> dict:
+    def sample():  # the first `sample_bytes` of training text, in input order
+        taken = 0
+        for text, _ in Reader(files, text_field).units():
+            if taken >= sample_bytes:
+                return
+            if not is_val(text, val_fraction):
+                taken += len(text)
+                yield text
+
+    begin = time.perf_counter()
+    tok = build_tokenizer(tokenizer_kind, vocab_size, sample)
+    learned = time.perf_counter()
+    hf = tok.hf_tokenizer()
+    hf.save(str(folder / "tokenizer.json"))
+    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
+    writers = {s: SplitWriter(folder, s, dtype, shard_tokens) for s in SPLITS}
+    reader = Reader(files, text_field)
+    bar = Progress(reader, progress)
+    encode, eot = Encoder(tok), np.asarray([tok.eot])
+    for batch in _read_ahead(reader, val_fraction):
+        texts = [text for text, _, _ in batch]
+        for ids, (text, ends, split) in zip(encode(texts), batch):
+            if ends:
+                ids = np.concatenate([ids, eot])
+            writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")), ends)
+        bar.show(sum(w.tokens for w in writers.values()))
+    splits = {s: w.close() for s, w in writers.items()}
+    seconds = {"tokenizer": round(learned - begin, 2),
+               "encode": round(time.perf_counter() - learned, 2)}
+    bar.show(sum(s["tokens"] for s in splits.values()), final=True)
+    if not splits["train"]["tokens"] + splits["val"]["tokens"]:
+        raise CorpusError(f"{' '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}: "
+                          "no text in the input")
+    for s in SPLITS:
+        if not splits[s]["pieces"]:
+            raise CorpusError(f"no document fell in the {s} split ({splits['train']['pieces']} "
+                              f"train, {splits['val']['pieces']} val pieces): give more text "
+                              "or change --val_fraction")
+    return {"format": FORMAT,
+            "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot": tok.eot,
+                          "sha256": tokenizers.fingerprint(tok), "file": "tokenizer.json",
+                          "source": tokenizer_kind,
+                          "sample_bytes": sample_bytes if tokenizer_kind == "bpe" else None},
+            "dtype": np.dtype(dtype).name, "val_fraction": val_fraction,
+            "text_field": text_field, "splits": splits, "skipped": dict(reader.counts),
+            "seconds": seconds,
+            "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
+                         "mtime": st.st_mtime} for p in files]}
+
+
+def _read_ahead(reader: Reader, val_fraction: float):
+    """Batches of (text, ends_document, split) of about BATCH_CHARS, read on a thread (file
+    reading, JSON and hashing overlap the encoder); at most QUEUE_BATCHES wait."""
+    batches, failure, stop = queue.Queue(QUEUE_BATCHES), [], threading.Event()
+
+    def read():
+        try:
+            batch, size = [], 0
+            for text, ends in reader.units():
+                batch.append((text, ends, "val" if is_val(text, val_fraction) else "train"))
+                size += len(text)
+                if size >= BATCH_CHARS:
+                    if not _put(batches, batch, stop):
+                        return  # the consumer stopped (an error there): read no further
+                    batch, size = [], 0
+            if batch:
+                _put(batches, batch, stop)
+        except BaseException as e:  # noqa: BLE001 -- handed to the consumer, raised there
+            failure.append(e)
+        finally:
+            _put(batches, None, stop)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        while (batch := batches.get()) is not None:
+            yield batch
+    finally:
+        stop.set()
+        thread.join()
+    if failure:
+        raise failure[0]
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Puts item unless the consumer has stopped; False if it has."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
