@@ -25,6 +25,7 @@ import jax
 from transformer.model import flops
 from transformer.parallel import processes
 from transformer.train import metrics as metrics_lib
+from transformer.train import optimizer
 from transformer.train import signals
 from transformer.train.faults import NonFiniteGuard, TestHooks
 from transformer.train.metrics import MetricsLog, Progress, Throughput
@@ -43,6 +44,7 @@ class Reporter:
         self.flops_per_token = flops.train_flops_per_token(trainer.model_config)
         self.peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
         self.meter, self.tokens_since, self.pending = Throughput(), 0, None
+        self.schedule = optimizer.learning_rate(config.train)
 
     def stepped(self) -> None:
         self.tokens_since += self.tokens_per_step
@@ -60,9 +62,10 @@ class Reporter:
         self.tokens_since = 0
         loss = float(metrics["train_loss"])
         mfu = metrics_lib.mfu(tokens_per_s, self.flops_per_token, self.peak, jax.device_count())
+        lr = float(self.schedule(done - 1))  # the rate step `done` applied (update done-1)
         self.log.write(step=done, tokens=done * self.tokens_per_step, train_loss=loss,
-                       grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
-                       skipped_steps=self.guard.skipped)
+                       grad_norm=metrics["grad_norm"], lr=lr, tokens_per_s=tokens_per_s,
+                       mfu=mfu, skipped_steps=self.guard.skipped)
         self.bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
 
 
