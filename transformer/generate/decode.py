@@ -56,6 +56,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from transformer.config import ModelConfig
 from transformer.generate import sampling
@@ -197,14 +198,17 @@ class _Loop(NamedTuple):
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
         state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
         if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens
-            jax.lax.cond(state.i % STREAM_EVERY == 0, self.send, lambda s: None, state)
+            state = jax.lax.cond(state.i % STREAM_EVERY == 0, self.send, lambda s: s, state)
         return state
 
-    def send(self, state: _State) -> None:
-        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`)."""
+    def send(self, state: _State) -> _State:
+        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`). The host
+        answers whether to go on: a no ends every row (a client that went away)."""
         first = jnp.clip(state.i - STREAM_EVERY, 0, self.budget - STREAM_EVERY)
         chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
-        jax.debug.callback(_deliver, self.stream_id, first, state.i, chunk_BK, ordered=True)
+        go_on = io_callback(_deliver, jax.ShapeDtypeStruct((), jnp.bool_), self.stream_id, first,
+                            state.i, chunk_BK, ordered=True)
+        return state._replace(done_B=state.done_B | ~go_on)
 
     def step(self, state: _State) -> _State:
         """Writes the last token into the cache and samples the next one."""
@@ -288,7 +292,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
         # model copies XLA compiles (prefill and fill steps, no re-prefill and its loop).
         state = loop.slide(state)
     if stream:
-        loop.send(state)  # the last, partial chunk
+        state = loop.send(state)  # the last, partial chunk
     return state.out_BN, state.cache
 
 
@@ -306,10 +310,13 @@ _SINK_IDS = itertools.count(1)
 
 
 def _deliver(stream_id, first, made, tokens_BK):
-    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet."""
+    """tokens_BK holds tokens first .. first+K-1; those from `made` on are not sampled yet.
+    Returns whether generation goes on (False once the sink said stop)."""
     sink = _SINKS.get(int(stream_id))
+    go_on = True
     if sink is not None:
-        sink(int(first), int(made), np.asarray(tokens_BK))
+        go_on = sink(int(first), int(made), np.asarray(tokens_BK)) is not False
+    return np.bool_(go_on)
 
 
 class _Stream:
@@ -317,14 +324,20 @@ class _Stream:
 
     def __init__(self, on_tokens, batch: int, eos_id: int):
         self.on_tokens, self.eos_id = on_tokens, eos_id
-        self.next, self.done_B = 0, np.zeros(batch, bool)
+        self.next, self.done_B, self.stopped = 0, np.zeros(batch, bool), False
 
     def __call__(self, first, made, tokens_BK):
+        """Returns False once on_tokens has returned False (stop generating)."""
+        if self.stopped:
+            return False
         for i in range(max(first, self.next), made):
             token_B = tokens_BK[:, i - first]
             self.done_B = self.done_B | (token_B == self.eos_id)
-            self.on_tokens(i, token_B, self.done_B.copy())
+            if self.on_tokens(i, token_B, self.done_B.copy()) is False:
+                self.stopped = True
+                return False
         self.next = max(self.next, made)
+        return True
 
 
 def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
@@ -385,7 +398,8 @@ def left_pad(prompts, max_seq_len: int):
 
 def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
              seed: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             eos_id: int = -1, mesh=None, rules=None, on_tokens=None) -> list[list[int]]:
+             eos_id: int = -1, mesh=None, rules=None, on_tokens=None,
+             budget: int | None = None) -> list[list[int]]:
     """Continues each prompt (a list of token ids) by up to max_new_tokens tokens, any number
     (past the context: the window policy, module doc). A prompt longer than the context
     continues from its last max_seq_len tokens.
@@ -393,13 +407,23 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     Returns the new tokens of each prompt, cut before its first `eos_id` (-1: no end token).
     `on_tokens(i, tokens_B, done_B)`, if given, is called on the host with every step's
     tokens, in order, in chunks of STREAM_EVERY steps as they are sampled (numpy arrays;
-    done_B: the row has ended, this token is its end token or padding). With `mesh` and `rules` (sharding.py) it decodes on that mesh;
-    every process of a multi-host run must call it with the same prompts, and every one
-    gets the tokens. Raises GenerationError (PromptError for a prompt) for bad arguments.
+    done_B: the row has ended, this token is its end token or padding); if it returns False,
+    generation stops within STREAM_EVERY steps (what was not delivered comes back as
+    PAD_ID). `budget`: the output buffer's length, >= max_new_tokens (default: the next
+    bucket), the one static length of the program: a caller that fixes it (a server) serves
+    every max_new_tokens up to it with one compiled program, with the same tokens (key i is
+    fold_in(seed key, i) whatever the budget). With `mesh` and `rules` (sharding.py) it
+    decodes on that mesh; every process of a multi-host run must call it with the same
+    prompts, and every one gets the tokens. Raises GenerationError (PromptError for a
+    prompt) for bad arguments.
     """
     check_args(config, prompts, max_new_tokens, temperature, top_k, top_p, eos_id)
     prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
-    key, budget = jax.random.key(seed), token_budget(max_new_tokens)
+    if budget is None:
+        budget = token_budget(max_new_tokens)
+    elif budget < max_new_tokens:
+        raise GenerationError(f"budget={budget}: must be >= max_new_tokens={max_new_tokens}")
+    key = jax.random.key(seed)
     knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
              np.int32(max_new_tokens))
     if mesh is not None:

@@ -7,7 +7,8 @@ writes into --out
                              token, colour = attention weight (rows sum to 1; masked keys are 0)
     next_token.png           the most likely next tokens after the prompt, with probabilities
 
-The weights come from the model itself: `GPT.apply(..., mutable=["intermediates"])` returns
+The weights come from the model itself (generate/inside.py's `look_inside`, which the
+server's page uses too): `GPT.apply(..., mutable=["intermediates"])` returns
 what each attention layer sowed (model.py), computed by the kernels the run trained with
 (`model.matmul`; on CPU by default the bfloat16-input fast path), so the picture is of the
 code that trains, not of a second implementation. One exception: a model trained with
@@ -17,7 +18,6 @@ forms the weights (the two compute the same attention). Prompts of 10-40 tokens 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import jax
@@ -30,8 +30,8 @@ from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.data import tokenizers
 from transformer.generate.decode import PromptError
-from transformer.model import kernels
-from transformer.model.gpt import GPT, init_params, unstack_layers
+from transformer.generate.inside import look_inside  # explain.py imports it from here too
+from transformer.model.gpt import init_params
 from transformer.train import checkpoint
 
 
@@ -49,27 +49,6 @@ def load_run(workdir, step=None):
                             jax.eval_shape(lambda: init_params(model_config, jax.random.key(0))))
     params, _ = ckpts.restore(step, abstract)
     return model_config, params, tokenizers.from_json(meta["tokenizer"]), step
-
-
-def look_inside(model_config: ModelConfig, params, tokens: list[int]):
-    """One forward pass that also returns what the blocks sowed.
-
-    Returns (weights_LHTT, logits_TV, intermediates): attention weights per layer (numpy,
-    float32), the logits, and the raw per-layer intermediates (queries, keys, values, ...).
-    The einsum kernel is used because it forms the weights; the jax kernel never does, and
-    computes the same attention (tests/test_attention.py).
-    """
-    config = kernels.forming_weights(dataclasses.replace(model_config, scan_layers=False))
-    params = unstack_layers(params, config.n_layers)
-    tokens_1T = jnp.asarray([tokens], jnp.int32)
-    logits_1TV, state = GPT(config).apply({"params": params}, tokens_1T,
-                                          mutable=["intermediates"])
-    layers = [jax.tree.map(lambda x: np.asarray(x[0])[0] if isinstance(x, tuple) else x,
-                           state["intermediates"][f"block_{i}"]["attn"],
-                           is_leaf=lambda x: isinstance(x, tuple))
-              for i in range(config.n_layers)]
-    weights_LHTT = np.stack([layer["attention_weights"] for layer in layers])
-    return weights_LHTT, np.asarray(logits_1TV[0]), layers
 
 
 def token_labels(tokenizer, tokens: list[int]) -> list[str]:

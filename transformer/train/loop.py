@@ -25,8 +25,7 @@ import jax
 from transformer.model import flops
 from transformer.parallel import processes
 from transformer.train import metrics as metrics_lib
-from transformer.train import optimizer
-from transformer.train import signals
+from transformer.train import optimizer, signals
 from transformer.train.faults import NonFiniteGuard, TestHooks
 from transformer.train.metrics import MetricsLog, Progress, Throughput
 from transformer.train.trainer import Trainer, bits_per_byte, compute_precision, evaluate

@@ -25,9 +25,8 @@ from transformer import config as config_lib
 from transformer import data
 from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
-from transformer.train import checkpoint
+from transformer.train import checkpoint, trackers
 from transformer.train import start as start_lib
-from transformer.train import trackers
 from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
 from transformer.train.loop import Loop
 from transformer.train.metrics import MetricsLog, Progress
