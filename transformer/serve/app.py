@@ -159,7 +159,7 @@ def create_app(engine, model: str, step=None) -> Starlette:
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": model, "step": step,
                              "max_tokens": engine.max_tokens,
-                             "context": engine.config.max_seq_len})
+                             "context": engine.config.max_seq_len, "served": engine.stats})
 
     async def page(request: Request):
         return FileResponse(STATIC / "index.html")

@@ -42,6 +42,7 @@ class Job:
     def __init__(self, fn):
         self.fn, self.future = fn, concurrent.futures.Future()
         self.cancelled = threading.Event()
+        self.stopped = False  # its work was cut short by the cancel
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -93,6 +94,9 @@ class Engine:
         self.max_tokens, self.log = max_tokens, log
         self.budget = decode.token_budget(max_tokens)
         self.jobs: queue.Queue = queue.Queue()
+        # What /health reports: requests run, the ones stopped or dropped because their
+        # client left, and the tokens generated (all choices).
+        self.stats = {"jobs": 0, "cancelled": 0, "tokens": 0}
         self.worker = threading.Thread(target=self._work, name="engine", daemon=True)
         self.worker.start()
 
@@ -109,12 +113,16 @@ class Engine:
             if job is None:
                 return
             if job.cancelled.is_set():  # its client left while it waited: no device time
+                self.stats["cancelled"] += 1
                 job.future.cancel()
                 continue
+            self.stats["jobs"] += 1
             try:
                 job.future.set_result(job.fn(job))
             except BaseException as e:  # noqa: BLE001 - handed to the request's handler
                 job.future.set_exception(e)
+            if job.stopped:
+                self.stats["cancelled"] += 1
 
     def close(self) -> None:
         self.jobs.put(None)
@@ -170,7 +178,9 @@ class Engine:
     def _generate(self, job, request, ids, rows, emit, first) -> None:
         def on_tokens(i, tokens_B, done_B):
             if job.cancelled.is_set():
+                job.stopped = True
                 return False  # the device loop ends at its next chunk
+            self.stats["tokens"] += len(rows)
             for b, row in enumerate(rows):
                 piece = row.push(tokens_B[b])
                 if piece:
