@@ -282,3 +282,68 @@ def test_a_client_that_leaves_while_queued_costs_no_device_time(server):
         time.sleep(0.2)
     assert served["jobs"] == before["jobs"] + 1  # the long one only
     assert served["tokens"] == before["tokens"] + 16 * MAX_TOKENS
+
+
+# --- the page in a real headless browser -----------------------------------------------------
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str | None:
+    import shutil
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def drive_page(base: str, screenshot, prompt: str = PROMPT, max_tokens: int = 60,
+               click: int = -1) -> dict:
+    """Opens the page in headless Chromium (the system's: nothing is downloaded), types a
+    prompt, generates, clicks a token, and saves a screenshot. Returns what it saw."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(base + "/")
+            page.wait_for_function("document.getElementById('model').textContent"
+                                   ".includes('step')")
+            page.fill("#prompt", prompt)
+            page.fill("#max_tokens", str(max_tokens))
+            page.click("#generate")
+            page.wait_for_selector("#output .tok", timeout=120_000)
+            seen = {"pieces": page.evaluate("window.__pieces"),
+                    "text": page.inner_text("#output"),
+                    "tokens": page.locator("#output .tok").count()}
+            page.locator("#output .tok").nth(click).click()
+            page.wait_for_selector("#inside:not([hidden]) .head")
+            seen["heads"] = page.locator("#heads .head").count()
+            seen["cells"] = page.locator("#heads .head").first.locator(".cell").count()
+            seen["next"] = page.locator("#next tr").count()
+            seen["title"] = page.inner_text("#inside-title")
+            page.screenshot(path=str(screenshot), full_page=True)
+            return seen
+        finally:
+            browser.close()
+
+
+@pytest.mark.browser
+def test_the_page_streams_text_and_shows_attention_in_headless_chromium(server, workdir,
+                                                                        tmp_path):
+    import os
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("no chromium on PATH (apt-get install chromium); docs/testing.md")
+    pytest.importorskip("playwright")
+    from transformer.serve.__main__ import load_run
+
+    config = load_run(workdir).model_config
+    seen = drive_page(server, tmp_path / "page.png", max_tokens=40)
+    assert seen["pieces"] > 1  # the text came in pieces, as it was made
+    assert seen["text"].replace("⏎", "").startswith(PROMPT)
+    # A char model: a token per character; the page looks at the model's context's worth.
+    assert seen["tokens"] == min(len(PROMPT) + 40, config.max_seq_len)
+    assert seen["heads"] == config.n_layers * config.n_heads
+    assert seen["cells"] == seen["tokens"]  # the last token attends over all before it
+    assert seen["next"] == 8
+    assert (tmp_path / "page.png").stat().st_size > 10_000
