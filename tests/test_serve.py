@@ -284,6 +284,22 @@ def test_a_client_that_leaves_while_queued_costs_no_device_time(server):
     assert served["tokens"] == before["tokens"] + 16 * MAX_TOKENS
 
 
+
+@pytest.mark.parametrize("args, message", [
+    ((), "give one of --workdir=RUN or --hf=FOLDER"),
+    (("--workdir=no/such/run",), "no such folder"),
+    (("--workdir={empty}",), "no checkpoints"),
+    (("--workdir={empty}", "--max_tokens=0"), "max_tokens=0"),
+])
+def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
+    from tests.conftest import run_cli
+
+    result = run_cli("-m", "transformer", "serve",
+                     *(a.format(empty=tmp_path) for a in args), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert message in line
+
 # --- the page in a real headless browser -----------------------------------------------------
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
