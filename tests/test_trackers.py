@@ -92,3 +92,83 @@ def test_end_of_training_sample_is_a_text_event(killed_and_resumed):
     assert step == STEPS
     sample = stdout.split("--- sample (prompt 'the ') ---\n")[1].rstrip("\n")
     assert text == "```\n" + sample + "\n```"
+
+
+class FakeWandb:
+    """Stands in for the wandb package: records what a run asks of it."""
+
+    def __init__(self):
+        self.inits, self.logged, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        fake = self
+
+        class Run:
+            summary = {}
+
+            def log(self, values, step):
+                fake.logged.append((step, values))
+
+            def finish(self):
+                fake.finished += 1
+        return Run()
+
+
+def wandb_config(corpus, steps):
+    from transformer.config import base_config
+
+    c = base_config()
+    c.model.update(vocab_size=0, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32,
+                   matmul="plain")
+    c.data.update(corpus=str(corpus), tokenizer="char")
+    c.train.update(steps=steps, batch_size=4, warmup_steps=2, log_every=2, eval_every=4,
+                   eval_batches=1, ckpt_every=100, wandb="offline", wandb_project="tests")
+    return c
+
+
+def test_wandb_gets_the_same_numbers_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch):
+    import sys
+
+    from transformer.train import run
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    corpus, workdir = write_corpus(tmp_path / "text.txt"), tmp_path / "run"
+    config = wandb_config(corpus, steps=8)
+    run.train(config, workdir, progress=False, log=lambda _: None, stop_at=4)
+    run.train(config, workdir, progress=False, log=lambda _: None)  # resumes at 4
+    first, second = fake.inits
+    assert first["id"] == second["id"] == (workdir / "wandb_run_id").read_text().strip()
+    assert first["resume"] == "allow" and first["mode"] == "offline"
+    assert first["dir"] == str(workdir) and first["project"] == "tests"
+    assert first["config"]["train"]["wandb"] == "offline" and fake.finished == 2
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    expected = [(line["step"], {trackers.TAGS[k]: v for k, v in line.items() if k in trackers.TAGS})
+                for line in lines]
+    assert [s for s, _ in fake.logged] == [s for s, _ in expected] == [2, 4, 4, 6, 8, 8]
+    for (_, got), (_, want) in zip(fake.logged, expected):
+        assert got == pytest.approx(want)
+
+
+def test_wandb_missing_is_a_config_error(tmp_path, monkeypatch):
+    import sys
+
+    from transformer.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[wandb\]'"):
+        trackers.WandB(tmp_path, "offline", "tests")
+
+
+def test_wandb_offline_for_real_writes_one_run_per_workdir(tmp_path):
+    """With the wandb package (the `wandb` extra; not in `test`): two opens of one workdir
+    write two offline segments of the same run id, with no network."""
+    pytest.importorskip("wandb")
+    for _ in range(2):
+        tracker = trackers.WandB(tmp_path, "offline", "tests", {"a": 1})
+        tracker.log(1, {"train_loss": 2.5, "note": "x"})
+        tracker.close()
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    segments = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(segments) == 2 and all(p.name.endswith(run_id) for p in segments)

@@ -57,7 +57,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         restored = plan.found.step if plan.found else 0
         # TensorBoard curves continue after the restored step (earlier events from there on
         # are purged): only process 0 writes.
-        tracker = trackers.open_for(plan.workdir, restored) if main_process else None
+        tracker = trackers.open_for(plan.workdir, restored, plan.config) if main_process \
+            else None
         metrics_log = MetricsLog(plan.workdir, enabled=main_process, tracker=tracker)
         # This invocation's first line names its kernels (a resumed run may run other ones).
         metrics_log.add_to_next(matmul=matmul.mode, matmul_reason=matmul.reason)

@@ -15,11 +15,19 @@ sweep's folder. A resumed run redoes the steps after its checkpoint: it opens it
 earlier files' events from that step on (a SessionLog START at that step), so the curve
 continues with no duplicated or doubled-back steps. A fresh start purges from step 1: a run
 killed before its first checkpoint leaves events that the new run replaces.
+
+Weights & Biases (`train.wandb=online|offline`, the `wandb` extra) gets the same numbers
+under the same tags. Its run id is kept in `<workdir>/wandb_run_id`, so a resumed run
+continues the same W&B run; offline runs write under `<workdir>/wandb` for `wandb sync`.
+W&B cannot purge: it ignores the redone steps of a resumed run (steps must grow), keeping
+the values first logged, which a resumed run reproduces bit for bit anyway (its speed
+figures aside).
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Protocol
 
@@ -89,11 +97,50 @@ class Many:
             t.close()
 
 
-def open_for(workdir, resumed_at: int | None = None) -> Tracker:
+class WandB:
+    """Weights & Biases: the same tags; one W&B run per workdir, however often it resumes."""
+
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, workdir, mode: str, project: str, config: dict | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            from transformer.config import ConfigError
+            raise ConfigError(f"train.wandb={mode} needs the wandb package: "
+                              "pip install -e '.[wandb]' (or set train.wandb=off)") from e
+        workdir = Path(workdir)
+        path = workdir / self.ID_FILE
+        run_id = path.read_text().strip() if path.exists() else uuid.uuid4().hex[:12]
+        path.write_text(run_id + "\n")
+        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(workdir),
+                              mode=mode, config=config, name=workdir.resolve().name)
+
+    def log(self, step: int, values: dict) -> None:
+        scalars = {TAGS[k]: float(v) for k, v in values.items()
+                   if k in TAGS and not isinstance(v, bool) and isinstance(v, (int, float))
+                   and math.isfinite(v)}
+        if scalars:
+            self.run.log(scalars, step=int(step))
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        self.run.summary[tag] = text
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_for(workdir, resumed_at: int | None = None, config=None) -> Tracker:
     """The trackers of a run in `workdir`, which continues after step `resumed_at` (None or 0:
-    from the start). Call on process 0 only."""
+    from the start): TensorBoard, and W&B if `config.train.wandb` asks. Call on process 0
+    only."""
     Path(workdir).mkdir(parents=True, exist_ok=True)
-    return Many([TensorBoard(workdir, purge_step=(resumed_at or 0) + 1)])
+    trackers = [TensorBoard(workdir, purge_step=(resumed_at or 0) + 1)]
+    if config is not None and config.train.wandb != "off":
+        from transformer import config as config_lib
+        trackers.append(WandB(workdir, config.train.wandb, config.train.wandb_project,
+                              config_lib.to_dict(config)))
+    return Many(trackers)
 
 
 def append_text(workdir, step: int, tag: str, text: str) -> None:
