@@ -263,26 +263,30 @@ def test_a_cancelled_job_stops_the_device_loop_at_its_next_chunk(workdir):
 
 def test_a_client_that_leaves_while_queued_costs_no_device_time(server):
     """Over HTTP: a stream opened behind a long request and dropped at once never runs."""
-    before = httpx.get(f"{server}/health", timeout=10).json()["served"]
-    long = dict(prompt=PROMPT, max_tokens=MAX_TOKENS, n=16, temperature=1.0)
+    def served():
+        return httpx.get(f"{server}/health", timeout=10).json()["served"]
+
+    def wait_until(predicate):
+        deadline = time.monotonic() + 60
+        while not predicate(now := served()):
+            assert time.monotonic() < deadline, f"timed out: {now}"
+            time.sleep(0.05)
+        return now
+
+    before = served()
+    # 8 prompts x 16 choices x MAX_TOKENS tokens, one generate call after the other.
+    long = dict(prompt=[PROMPT] * 8, max_tokens=MAX_TOKENS, n=16, temperature=1.0)
     thread = threading.Thread(target=lambda: httpx.post(f"{server}/v1/completions", json=long,
-                                                        timeout=120))
+                                                        timeout=300))
     thread.start()
-    time.sleep(0.3)
+    wait_until(lambda s: s["jobs"] == before["jobs"] + 1)  # the long one is running
     with httpx.stream("POST", f"{server}/v1/completions", json=dict(
             prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True), timeout=60) as r:
         assert r.status_code == 200  # headers only: hang up
-    thread.join(timeout=120)
-    deadline = time.monotonic() + 30
-    while True:
-        served = httpx.get(f"{server}/health", timeout=10).json()["served"]
-        if served["cancelled"] > before["cancelled"]:
-            break
-        assert time.monotonic() < deadline, f"not cancelled: {served}"
-        time.sleep(0.2)
-    assert served["jobs"] == before["jobs"] + 1  # the long one only
-    assert served["tokens"] == before["tokens"] + 16 * MAX_TOKENS
-
+    thread.join(timeout=300)
+    after = wait_until(lambda s: s["cancelled"] > before["cancelled"])
+    assert after["jobs"] == before["jobs"] + 1  # the long one only
+    assert after["tokens"] == before["tokens"] + 8 * 16 * MAX_TOKENS
 
 
 @pytest.mark.parametrize("args, message", [
