@@ -289,6 +289,19 @@ def test_a_client_that_leaves_while_queued_costs_no_device_time(server):
     assert after["tokens"] == before["tokens"] + 8 * 16 * MAX_TOKENS
 
 
+
+def test_compiled_attention_equals_the_eager_look_inside(tiny_config, tiny_params):
+    """What the page shows (one compiled pass on a padded bucket) is what visualize draws."""
+    from transformer.generate import inside
+
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8]  # 19: padded to 32
+    weights, logits = inside.attention(tiny_config, tiny_params, tokens)
+    eager_weights, eager_logits, _ = inside.look_inside(tiny_config, tiny_params, tokens)
+    assert weights.shape == eager_weights.shape == (2, 4, 19, 19)
+    np.testing.assert_allclose(weights, eager_weights, atol=1e-5)
+    np.testing.assert_allclose(logits, eager_logits, atol=1e-4)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)  # each query's softmax
+
 @pytest.mark.parametrize("args, message", [
     ((), "give one of --workdir=RUN or --hf=FOLDER"),
     (("--workdir=no/such/run",), "no such folder"),

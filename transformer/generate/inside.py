@@ -1,7 +1,8 @@
 """One forward pass over a text, no cache: what the model says about tokens it is given.
 
     lp = token_logprobs(model_config, params, tokens, top=5)   # log p(token t | tokens < t)
-    weights_LHTT, logits_TV, layers = look_inside(model_config, params, tokens)
+    weights_LHTT, logits_TV = attention(model_config, params, tokens)   # compiled, bucketed
+    weights_LHTT, logits_TV, layers = look_inside(model_config, params, tokens)  # all sown
 
 `token_logprobs` is how a server scores a text (OpenAI's `echo` + `logprobs`, what evaluation
 harnesses ask for): the log-softmax of the model's own logits, computed by the kernels the run
@@ -9,9 +10,11 @@ trained with, one compiled program per length bucket (16, 32, ..., the context):
 padded on the right, which a causal model never looks at.
 
 `look_inside` also returns what every attention layer sowed (`apply(...,
-mutable=["intermediates"])`, model/gpt.py): the weights `visualize` draws and the server's
-page shows. The einsum kernel is used because it forms the weights; the jax kernel never does,
-and computes the same attention (tests/test_attention.py).
+mutable=["intermediates"])`, model/gpt.py): the weights `visualize` draws. `attention` is the
+same pass compiled once per length bucket (the server's page asks for it on every text, and
+an eager pass would compile each op anew for every new length). Both use the einsum kernel
+because it forms the weights; the jax kernel never does, and computes the same attention
+(tests/test_attention.py).
 """
 
 from __future__ import annotations
@@ -61,13 +64,41 @@ def token_logprobs(config: ModelConfig, params, tokens: list[int], top: int = 0)
     return LogProbs(chosen[: T - 1], top_ids[:T, :top], top_lp[:T, :top])
 
 
+def _weights_config(model_config: ModelConfig) -> ModelConfig:
+    return kernels.forming_weights(dataclasses.replace(model_config, scan_layers=False))
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _attention(params, tokens_1T, *, config: ModelConfig):
+    params = unstack_layers(params, config.n_layers)
+    logits_1TV, state = GPT(config).apply({"params": params}, tokens_1T,
+                                          mutable=["intermediates"])
+    weights_LHTT = jnp.stack([state["intermediates"][f"block_{i}"]["attn"]
+                              ["attention_weights"][0][0] for i in range(config.n_layers)])
+    return weights_LHTT.astype(jnp.float32), logits_1TV[0].astype(jnp.float32)
+
+
+def attention(model_config: ModelConfig, params, tokens: list[int]):
+    """(weights_LHTT, logits_TV) as numpy: every layer's attention weights over `tokens` (at
+    most max_seq_len) and the logits after each, from one compiled pass per length bucket.
+    Padding on the right changes nothing before it: the mask hides it from every query."""
+    T = len(tokens)
+    if not 0 < T <= model_config.max_seq_len:
+        raise PromptError(f"{T} tokens to look at: give 1 .. {model_config.max_seq_len}")
+    padded = np.zeros((1, prompt_bucket(T, model_config.max_seq_len)), np.int32)
+    padded[0, :T] = tokens
+    weights, logits = jax.device_get(_attention(params, padded,
+                                                config=_weights_config(model_config)))
+    return weights[:, :, :T, :T], logits[:T]
+
+
 def look_inside(model_config: ModelConfig, params, tokens: list[int]):
     """One forward pass that also returns what the blocks sowed.
 
     Returns (weights_LHTT, logits_TV, intermediates): attention weights per layer (numpy,
     float32), the logits, and the raw per-layer intermediates (queries, keys, values, ...).
     """
-    config = kernels.forming_weights(dataclasses.replace(model_config, scan_layers=False))
+    config = _weights_config(model_config)
     params = unstack_layers(params, config.n_layers)
     tokens_1T = jnp.asarray([tokens], jnp.int32)
     logits_1TV, state = GPT(config).apply({"params": params}, tokens_1T,

@@ -93,7 +93,7 @@ def create_app(engine, model: str, step=None) -> Starlette:
             choices = await wait(request, job)
         except ApiError as e:
             return _error(e)
-        except (ClientGone, asyncio.CancelledError):
+        except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it
         n_prompt = sum(map(len, prompts_ids))
         n_completion = sum(len(c.ids) for c in choices)
@@ -150,7 +150,7 @@ def create_app(engine, model: str, step=None) -> Starlette:
             return JSONResponse(await wait(request, job))
         except ApiError as e:
             return _error(e)
-        except (ClientGone, asyncio.CancelledError):
+        except ClientGone:
             return JSONResponse({}, status_code=499)
 
     async def models(request: Request):

@@ -236,8 +236,7 @@ class Engine:
         ids = self.tokenizer.encode(text)[-self.config.max_seq_len:]
         if not ids:
             raise ApiError("text is empty: give at least one character", "text")
-        weights_LHTT, logits_TV, _ = inside.look_inside(self.config, self.params, ids)
-        logits_TV = logits_TV.astype(np.float32)
+        weights_LHTT, logits_TV = inside.attention(self.config, self.params, ids)
         probs_TV = np.exp(logits_TV - logits_TV.max(-1, keepdims=True))
         probs_TV /= probs_TV.sum(-1, keepdims=True)
         best_TK = np.argsort(-probs_TV, axis=-1)[:, :top]
@@ -252,7 +251,8 @@ class Engine:
     # --- start-up ---------------------------------------------------------------------------
     def warm_up(self) -> float:
         """Compiles, before the first request, the generation program for one row at every
-        prompt bucket and the scoring pass at every length bucket. Returns the seconds."""
+        prompt bucket, and the scoring and attention passes at every length bucket. Returns
+        the seconds."""
         begin = time.perf_counter()
         S, P = self.config.max_seq_len, decode.MIN_BUCKET
         lengths = []
@@ -266,4 +266,5 @@ class Engine:
             decode.generate(self.config, self.params, [ids], max_new_tokens=1,
                             on_tokens=lambda *_: True, budget=self.budget)
             inside.token_logprobs(self.config, self.params, ids, top=inside.MAX_TOP)
+            inside.attention(self.config, self.params, ids)
         return time.perf_counter() - begin
