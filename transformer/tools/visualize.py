@@ -7,9 +7,9 @@ writes into --out
                              token, colour = attention weight (rows sum to 1; masked keys are 0)
     next_token.png           the most likely next tokens after the prompt, with probabilities
 
-The weights come from the model itself (generate/inside.py's `look_inside`, which the
-server's page uses too): `GPT.apply(..., mutable=["intermediates"])` returns
-what each attention layer sowed (model.py), computed by the kernels the run trained with
+The weights come from the model itself (generate/inside.py, the pass the server's page shows
+too): `GPT.apply(..., mutable=["intermediates"])` returns
+what each attention layer sowed (model/gpt.py), computed by the kernels the run trained with
 (`model.matmul`; on CPU by default the bfloat16-input fast path), so the picture is of the
 code that trains, not of a second implementation. One exception: a model trained with
 `attention_kernel=jax` is looked at through the einsum kernel, because the jax kernel never
