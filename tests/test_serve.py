@@ -165,6 +165,15 @@ def test_logprobs_of_generated_tokens(workdir, client):
     np.testing.assert_allclose(c.logprobs.token_logprobs, expected[-12:], atol=2e-4)
 
 
+
+def test_echo_gives_back_the_prompt_as_sent_even_past_the_context(client):
+    long = "the lazy dog " * 4  # 52 characters, a char model with a 32-token context
+    [c] = client.completions.create(model="tiny", prompt=long, max_tokens=5, echo=True,
+                                    temperature=0).choices
+    alone = client.completions.create(model="tiny", prompt=long, max_tokens=5,
+                                      temperature=0).choices[0].text
+    assert c.text == long + alone
+
 def tokenizer_ids(workdir, text):
     from transformer.serve.__main__ import load_run
     return load_run(workdir).tokenizer.encode(text)
@@ -183,6 +192,7 @@ def tokenizer_ids(workdir, text):
     (dict(prompt=[]), "prompt"),
     (dict(prompt=[1, 2, 10**6]), "prompt"),
     (dict(prompt="x" * 60, logprobs=1, max_tokens=20), "logprobs"),
+    (dict(prompt="the " * 10, logprobs=1, max_tokens=0, echo=True), "logprobs"),  # 40 > 32
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(extra_body={"top_k": -1}), "top_k"),
 ])

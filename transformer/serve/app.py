@@ -79,7 +79,7 @@ def create_app(engine, model: str, step=None) -> Starlette:
             body = await _body(request)
             check_model(body)
             req = api.parse_completion(body, engine.max_tokens)
-            prompts_ids = [engine.encode(p) for p in req.prompts]
+            prompts_ids = [engine.encode(p, cut=req.logprobs is None) for p in req.prompts]
             engine.check_scorable(req, prompts_ids)
         except ApiError as e:
             return _error(e)
@@ -118,8 +118,8 @@ def create_app(engine, model: str, step=None) -> Starlette:
         created_at = int(time.time())
         try:
             if req.echo:
-                for p, ids in enumerate(prompts_ids):
-                    text = engine.tokenizer.decode(ids)
+                for p, prompt in enumerate(req.prompts):
+                    text = engine.prompt_text(prompt)
                     for b in range(req.n):
                         yield _sse(api.completion(cid, model, [
                             api.choice(p * req.n + b, text, None)], created=created_at))

@@ -128,20 +128,27 @@ class Engine:
         self.jobs.put(None)
 
     # --- requests --------------------------------------------------------------------------
-    def encode(self, prompt) -> list[int]:
-        """A prompt's token ids (a string, or ids already); one longer than the context is
-        cut to its last max_seq_len tokens, as sample.py does. Raises ApiError."""
+    def encode(self, prompt, cut: bool = True) -> list[int]:
+        """A prompt's token ids (a string, or ids already). With `cut`, one longer than the
+        context continues from its last max_seq_len tokens, as sample.py does (a prompt to
+        score is never cut: check_scorable refuses it). Raises ApiError."""
         if isinstance(prompt, str):
             try:
-                return textgen.encode_prompt(self.tokenizer, prompt, self.config.max_seq_len,
-                                             log=self.log)
+                if cut:
+                    return textgen.encode_prompt(self.tokenizer, prompt,
+                                                 self.config.max_seq_len, log=self.log)
+                return self.tokenizer.encode(prompt)
             except ValueError as e:  # the tokenizer's TokenizerError
                 raise ApiError(str(e), "prompt") from e
         bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
         if bad:
             raise ApiError(f"prompt holds token id {bad[0]}, outside the vocabulary "
                            f"[0, {self.config.vocab_size})", "prompt")
-        return list(prompt)[-self.config.max_seq_len:]
+        return list(prompt)[-self.config.max_seq_len:] if cut else list(prompt)
+
+    def prompt_text(self, prompt) -> str:
+        """What echo gives back: the prompt as sent (token ids decoded), however long."""
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt))
 
     def check_scorable(self, request, prompts_ids) -> None:
         """logprobs score the text in one forward pass: it must fit in the context."""
@@ -163,7 +170,7 @@ class Engine:
             first = p * request.n
             if request.max_tokens > 0 and not job.cancelled.is_set():
                 self._generate(job, request, ids, rows, emit, first)
-            prompt_text = self.tokenizer.decode(ids) if request.echo else ""
+            prompt_text = self.prompt_text(request.prompts[p]) if request.echo else ""
             for b, row in enumerate(rows):
                 piece = row.finish()
                 if piece:
