@@ -151,6 +151,8 @@ def main(argv):
     if jax.process_index() != 0:
         return
     print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
+    from transformer.train import trackers
+    trackers.append_text(workdir, int(state.step), "sample", s.prompt + text)
 
 
 def _trained_with(workdir) -> str:

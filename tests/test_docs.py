@@ -51,10 +51,17 @@ def _source(program: list[str]):
         from transformer.__main__ import COMMANDS
         if len(program) < 3 or program[2] not in COMMANDS:
             return ROOT / "transformer" / "no-such-command"
-        return ROOT / (COMMANDS[program[2]][0].replace(".", "/") + ".py")
+        return _module_file(COMMANDS[program[2]][0])
     if program[0] == "-m":
-        return ROOT / (program[1].replace(".", "/") + ".py")
+        return _module_file(program[1])
     return ROOT / program[0]
+
+
+def _module_file(module: str):
+    """A module's file: name.py, or a package's name/__main__.py (python -m runs that)."""
+    path = ROOT / module.replace(".", "/")
+    package = path / "__main__.py"
+    return package if package.exists() else path.with_suffix(".py")
 
 
 @lru_cache(maxsize=None)

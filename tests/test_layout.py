@@ -29,8 +29,9 @@ ALLOWED = {
     "hf": {"config", "model", "data", "checkpoint", "cli"},
     "train": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf"},
     "scaling": {"config", "model", "data", "parallel", "checkpoint", "train", "cli"},
+    "serve": {"config", "generate", "data", "checkpoint", "hf", "cli"},
     "tools": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf", "train",
-              "scaling", "cli"},
+              "scaling", "serve", "cli"},
     "__main__": set(),  # runs commands by module name (runpy), imports none
 }
 ROOT_MODULES_AT_MOST = 6

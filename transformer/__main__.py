@@ -10,6 +10,7 @@
     python -m transformer explain                                 one head's arithmetic
     python -m transformer bench                                   speed against PyTorch
     python -m transformer device_check                            a GPU/TPU end to end
+    python -m transformer serve --workdir=runs/tiny               HTTP API and page
 
 Each command is a module in its room (`COMMANDS` below) and runs as that module would run as
 a program; `python -m transformer COMMAND --help` shows its flags. Training and sampling
@@ -33,6 +34,7 @@ COMMANDS = {
     "explain": ("transformer.tools.explain", "one head's attention arithmetic, step by step"),
     "bench": ("transformer.tools.bench", "training and decoding speed against PyTorch"),
     "device_check": ("transformer.tools.device_check", "a GPU/TPU end to end"),
+    "serve": ("transformer.serve", "an OpenAI-compatible HTTP server and a page showing attention"),
 }
 
 

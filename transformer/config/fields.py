@@ -41,6 +41,7 @@ MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")
 SYNTHETIC_CORPORA = ("copy", "random")
 SCHEDULES = ("cosine", "wsd", "constant")  # learning-rate schedules (optimizer.py)
+WANDB_MODES = ("off", "online", "offline")  # train.wandb (train/trackers.py)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # how wsd's decay phase falls  # data.corpus values that are generated, not read
 
 
@@ -179,6 +180,9 @@ _TRAIN = [
     _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
     _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
     _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),
+    _f("train.wandb", "off", "also log to Weights & Biases (pip install -e .[wandb]): online, "
+       "offline (files in the workdir, for wandb sync) or off", FREE, WANDB_MODES),
+    _f("train.wandb_project", "transformer", "the Weights & Biases project runs log to", FREE),
     _f("train.init_from", "", "a Hugging Face GPT-2 folder or .safetensors file to start from "
        "instead of random weights (docs/huggingface.md)", CHANGE, check=_weights),
 ]

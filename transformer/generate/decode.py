@@ -192,7 +192,8 @@ class _Loop(NamedTuple):
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
         state = state._replace(token_B=token_B, done_B=done_B, out_BN=out_BN, i=state.i + 1)
         if self.stream_id is not None:  # a chunk to the host every STREAM_EVERY tokens;
-            # the host answers which rows to end (a stop string it found in their text)
+            # the host answers which rows to end: those whose text reached a stop string, or
+            # every row once the caller said stop (a client that went away)
             ended_B = jax.lax.cond(state.i % STREAM_EVERY == 0, self.send,
                                    lambda s: jnp.zeros_like(s.done_B), state)
             state = state._replace(done_B=state.done_B | ended_B)
@@ -291,7 +292,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
         # model copies XLA compiles (prefill and fill steps, no re-prefill and its loop).
         state = loop.slide(state)
     if stream:
-        loop.send(state)  # the last, partial chunk
+        state = loop.send(state)  # the last, partial chunk
     return state.out_BN, state.cache
 
 
@@ -323,18 +324,26 @@ class _Stream:
 
     def __init__(self, on_tokens, batch: int, eos_id: int):
         self.on_tokens, self.eos_id = on_tokens, eos_id
-        self.next, self.done_B = 0, np.zeros(batch, bool)
+        self.next, self.done_B, self.stopped = 0, np.zeros(batch, bool), False
         self.ended_at: dict[int, int] = {}
 
     def __call__(self, first, made, tokens_BK):
+        """The rows that have ended (all of them once on_tokens said stop)."""
+        if self.stopped:
+            return np.ones_like(self.done_B)
         for i in range(max(first, self.next), made):
             token_B = tokens_BK[:, i - first]
             self.done_B = self.done_B | (token_B == self.eos_id)
             ended = self.on_tokens(i, token_B, self.done_B.copy())
-            if ended is not None:
+            if ended is False:  # stop generating: every row ends here
+                ended = np.ones_like(self.done_B)
+                self.stopped = True
+            if ended is not None and ended is not True:
                 for b in np.flatnonzero(np.asarray(ended, bool) & ~self.done_B):
                     self.ended_at[int(b)] = i
                 self.done_B = self.done_B | np.asarray(ended, bool)
+            if self.stopped:
+                return self.done_B.copy()
         self.next = max(self.next, made)
         return self.done_B.copy()
 
@@ -397,7 +406,8 @@ def left_pad(prompts, max_seq_len: int):
 
 def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
              seed: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             eos_id: int = -1, mesh=None, rules=None, on_tokens=None) -> list[list[int]]:
+             eos_id: int = -1, mesh=None, rules=None, on_tokens=None,
+             budget: int | None = None) -> list[list[int]]:
     """Continues each prompt (a list of token ids) by up to max_new_tokens tokens, any number
     (past the context: the window policy, module doc). A prompt longer than the context
     continues from its last max_seq_len tokens.
@@ -406,15 +416,23 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     `on_tokens(i, tokens_B, done_B)`, if given, is called on the host with every step's
     tokens, in order, in chunks of STREAM_EVERY steps as they are sampled (numpy arrays;
     done_B: the row has ended, this token is its end token or padding). on_tokens may return
-    a bool per row: True ends that row after this token (a stop string its text reached);
-    the device stops it within STREAM_EVERY tokens and its result ends at that token.
-    With `mesh` and `rules` (sharding.py) it decodes on that mesh;
-    every process of a multi-host run must call it with the same prompts, and every one
-    gets the tokens. Raises GenerationError (PromptError for a prompt) for bad arguments.
+    a bool per row: True ends that row after this token (a stop string its text reached), or
+    False to end every row (a client that went away); the device stops within STREAM_EVERY
+    tokens and each ended row's result ends at that token. `budget`: the output buffer's
+    length, >= max_new_tokens (default: the next bucket), the one static length of the
+    program: a caller that fixes it (a server) serves every max_new_tokens up to it with one
+    compiled program, with the same tokens (key i is fold_in(seed key, i) whatever the
+    budget). With `mesh` and `rules` (sharding.py) it decodes on that mesh; every process of
+    a multi-host run must call it with the same prompts, and every one gets the tokens.
+    Raises GenerationError (PromptError for a prompt) for bad arguments.
     """
     check_args(config, prompts, max_new_tokens, temperature, top_k, top_p, eos_id)
     prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
-    key, budget = jax.random.key(seed), token_budget(max_new_tokens)
+    if budget is None:
+        budget = token_budget(max_new_tokens)
+    elif budget < max_new_tokens:
+        raise GenerationError(f"budget={budget}: must be >= max_new_tokens={max_new_tokens}")
+    key = jax.random.key(seed)
     knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
              np.int32(max_new_tokens))
     ended_at = {}

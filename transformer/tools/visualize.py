@@ -10,7 +10,8 @@ writes into --out (default: <workdir>/attention/step_<N>, N the checkpoint's ste
                              else its characters are labelled U+XXXX
     next_token.png           the most likely next tokens after the prompt, with probabilities
 
-The weights come from the model itself: `GPT.apply(..., mutable=["intermediates"])` returns
+The weights come from the model itself (generate/inside.py, the pass the server's page shows
+too): `GPT.apply(..., mutable=["intermediates"])` returns
 what each attention layer sowed (model/gpt.py), computed by the kernels the run trained with
 (`model.matmul`; on CPU by default the bfloat16-input fast path), so the picture is of the
 code that trains, not of a second implementation. One exception: a model trained with
@@ -20,7 +21,6 @@ forms the weights (the two compute the same attention). Prompts of 10-40 tokens 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -31,10 +31,8 @@ import numpy as np
 from absl import flags
 
 from transformer import checkpoint, cli
-from transformer.config import ModelConfig
 from transformer.generate.decode import PromptError
-from transformer.model import kernels
-from transformer.model.gpt import GPT, unstack_layers
+from transformer.generate.inside import look_inside  # explain.py imports it from here too
 
 
 def load_run(workdir, step=None):
@@ -42,27 +40,6 @@ def load_run(workdir, step=None):
     default), through the checked restore every reader of a run uses."""
     run = checkpoint.load_run(workdir, step=step)
     return run.model_config, run.params, run.tokenizer, run.step
-
-
-def look_inside(model_config: ModelConfig, params, tokens: list[int]):
-    """One forward pass that also returns what the blocks sowed.
-
-    Returns (weights_LHTT, logits_TV, intermediates): attention weights per layer (numpy,
-    float32), the logits, and the raw per-layer intermediates (queries, keys, values, ...).
-    The einsum kernel is used because it forms the weights; the jax kernel never does, and
-    computes the same attention (tests/test_attention.py).
-    """
-    config = kernels.forming_weights(dataclasses.replace(model_config, scan_layers=False))
-    params = unstack_layers(params, config.n_layers)
-    tokens_1T = jnp.asarray([tokens], jnp.int32)
-    logits_1TV, state = GPT(config).apply({"params": params}, tokens_1T,
-                                          mutable=["intermediates"])
-    layers = [jax.tree.map(lambda x: np.asarray(x[0])[0] if isinstance(x, tuple) else x,
-                           state["intermediates"][f"block_{i}"]["attn"],
-                           is_leaf=lambda x: isinstance(x, tuple))
-              for i in range(config.n_layers)]
-    weights_LHTT = np.stack([layer["attention_weights"] for layer in layers])
-    return weights_LHTT, np.asarray(logits_1TV[0]), layers
 
 
 # Whitespace drawn as a visible symbol (and in colour): a newline is where code's structure is.

@@ -11,6 +11,7 @@
     signals.py     a graceful stop on SIGINT/SIGTERM
     faults.py      the non-finite guard and the hooks tests use to provoke faults
     metrics.py     progress bar, metrics.jsonl, throughput, MFU
+    trackers.py    TensorBoard (always) and Weights & Biases (train.wandb): the same numbers
 
 May import: config/, model/, data/, parallel/, hf/ (weights to start from), generate/.
 Never: scaling/, tools/ or the command lines.

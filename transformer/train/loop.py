@@ -44,6 +44,7 @@ class Reporter:
         self.peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
         self.schedule = optimizer.learning_rate(config.train)
         self.meter, self.tokens_since, self.pending = Throughput(), 0, None
+        self.schedule = optimizer.learning_rate(config.train)
 
     def stepped(self) -> None:
         self.tokens_since += self.tokens_per_step

@@ -3,6 +3,8 @@
 `metrics.jsonl` gets one JSON object per line, appended, so a resumed run continues the file:
     {"step": 100, "train_loss": 2.31, "tokens_per_s": 10234.0, "lr": 0.001, ...}
     {"step": 200, "val_loss": 2.12, ...}                       (evaluation lines)
+Every line also goes to the run's trackers (trackers.py: TensorBoard), so the curves there
+are these numbers.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from tqdm import tqdm
 class MetricsLog:
     """Appends metric dicts to <workdir>/metrics.jsonl (only where `enabled`, e.g. process 0)."""
 
-    def __init__(self, workdir, enabled: bool = True):
+    def __init__(self, workdir, enabled: bool = True, tracker=None):
         self.path = Path(workdir) / "metrics.jsonl"
         self.enabled = enabled
+        self.tracker = tracker  # trackers.Tracker or None; gets every line written
         self._next: dict = {}
 
     def add_to_next(self, **values) -> None:
@@ -36,6 +39,13 @@ class MetricsLog:
         values = {k: (float(v) if hasattr(v, "dtype") else v) for k, v in values.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(values) + "\n")
+        if self.tracker is not None and "step" in values:
+            self.tracker.log(values["step"], values)
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
     def truncate_after(self, step: int) -> None:
         """Drops lines past `step`: a resumed run redoes those steps and logs them again."""

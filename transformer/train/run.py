@@ -31,6 +31,7 @@ from transformer.model.gpt import count_params
 from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
 from transformer.train import start as start_lib
+from transformer.train import trackers
 from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
 from transformer.train.loop import Loop
 from transformer.train.metrics import MetricsLog, Progress
@@ -57,12 +58,19 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     with start_lib.claim(plan):
         trainer = Trainer.build(plan.config, mesh)
         state, skipped = start_lib.initial_state(trainer, plan)
-        metrics_log = MetricsLog(plan.workdir, enabled=main_process)
+        restored = plan.found.step if plan.found else 0
+        # TensorBoard curves continue after the restored step (earlier events from there on
+        # are purged): only process 0 writes.
+        tracker = trackers.open_for(plan.workdir, restored, plan.config) if main_process \
+            else None
+        metrics_log = MetricsLog(plan.workdir, enabled=main_process, tracker=tracker)
         # This invocation's first line names its kernels (a resumed run may run other ones).
         metrics_log.add_to_next(matmul=matmul.mode, matmul_reason=matmul.reason)
+        # Later steps are redone and logged again (a run killed before its first checkpoint
+        # starts over: its lines go too).
+        metrics_log.truncate_after(restored)
         finished = plan.found is not None and plan.found.step >= plan.config.train.steps
         if plan.found:
-            metrics_log.truncate_after(plan.found.step)  # later steps are redone, logged again
             log(finished_line(plan.workdir, plan.found.step) if finished else
                 f"resuming from step {plan.found.step}")
             progress = progress and not finished
@@ -77,8 +85,11 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
                 "matmul_reason": matmul.reason}
-        state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress,
-                          hooks, log)
+        try:
+            state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at,
+                              progress, hooks, log)
+        finally:
+            metrics_log.close()
     return state, plan.tokenizer
 
 

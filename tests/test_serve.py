@@ -1,0 +1,392 @@
+"""The server (transformer/serve/) against the official `openai` client, over one tiny trained
+run and one real server process on a free 127.0.0.1 port, shared by the module:
+
+- text, streamed and not, equals sample.py's for the same prompt, seed and knobs (greedy and
+  sampled, several choices decoded together);
+- logprobs and echo are the model's own log-softmax (GPT.apply here, in the test);
+- bad requests get HTTP 400 with OpenAI's error JSON, one line;
+- concurrent clients each get the text they would get alone;
+- a client that leaves mid-stream stops its generation early.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.test_resume import MODEL, env_with, run, write_corpus
+
+openai = pytest.importorskip("openai")
+
+MAX_TOKENS = 512  # the server's limit (its compiled output buffer)
+PROMPT = "the quick "
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    corpus = write_corpus(tmp / "text.txt")
+    workdir = tmp / "run"
+    out = run(["train.py", *MODEL, f"--config.data.corpus={corpus}", f"--workdir={workdir}",
+               "--config.train.steps=60", "--config.train.ckpt_every=60"])
+    assert out.returncode == 0, out.stderr
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}",
+         f"--port={port}", f"--max_tokens={MAX_TOKENS}", "--name=tiny"],
+        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+
+
+def sample_py(workdir, prompt, n, max_tokens, temperature, top_k, top_p, seed) -> list[str]:
+    out = run(["sample.py", f"--workdir={workdir}", f"--prompt={prompt}",
+               f"--max_new_tokens={max_tokens}", f"--temperature={temperature}",
+               f"--top_k={top_k}", f"--top_p={top_p}", f"--seed={seed}", f"--num_samples={n}",
+               "--no_stream"])
+    assert out.returncode == 0, out.stderr
+    texts = out.stdout.split("--- sample ")[1:]
+    return [t.split(" ---\n", 1)[1][len(prompt):].removesuffix("\n") for t in texts]
+
+
+def streamed(client, **kwargs) -> tuple[dict, dict]:
+    """({choice index: text}, {choice index: finish_reason}) of a streamed completion."""
+    texts, finish = {}, {}
+    for chunk in client.completions.create(model="tiny", stream=True, **kwargs):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    return texts, finish
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(n=1, temperature=0.0, top_k=0, top_p=1.0, seed=0),          # greedy
+    dict(n=3, temperature=1.0, top_k=10, top_p=0.95, seed=7),        # sampled, one batch
+], ids=["greedy", "sampled"])
+def test_text_equals_sample_py_streamed_and_not(workdir, client, knobs):
+    max_tokens = 40
+    expected = sample_py(workdir, PROMPT, max_tokens=max_tokens, **knobs)
+    extra = {"top_k": knobs["top_k"]}
+    args = dict(prompt=PROMPT, max_tokens=max_tokens, n=knobs["n"],
+                temperature=knobs["temperature"], top_p=knobs["top_p"], seed=knobs["seed"])
+    reply = client.completions.create(model="tiny", extra_body=extra, **args)
+    assert [c.text for c in sorted(reply.choices, key=lambda c: c.index)] == expected
+    assert all(c.finish_reason == "length" for c in reply.choices)
+    assert reply.usage.completion_tokens == knobs["n"] * max_tokens
+    texts, finish = streamed(client, extra_body=extra, **args)
+    assert [texts[i] for i in range(knobs["n"])] == expected
+    assert set(finish.values()) == {"length"}
+    if knobs["n"] > 1:
+        assert len(set(expected)) > 1  # the choices are samples, not copies
+
+
+def test_stream_ends_with_done_and_stop_cuts_the_text(server, client):
+    with httpx.stream("POST", f"{server}/v1/completions", json=dict(
+            prompt=PROMPT, max_tokens=30, temperature=0, stream=True), timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = full[5:7]  # two characters the text holds
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0,
+                                    stop=[stop, "@@"])
+    assert cut.choices[0].text == full[:full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    texts, finish = streamed(client, prompt=PROMPT, max_tokens=30, temperature=0, stop=stop)
+    assert texts[0] == full[:full.index(stop)] and finish[0] == "stop"
+
+
+def model_logprobs(workdir, ids) -> np.ndarray:
+    """log p(ids[t] | ids[:t]) for t >= 1, from the model's own forward pass."""
+    from transformer.model.gpt import GPT
+    from transformer.checkpoint import load_run
+
+    run_ = load_run(workdir)
+    logits = GPT(run_.model_config).apply({"params": run_.params}, np.asarray([ids], np.int32))
+    logp = np.asarray(jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1))
+    return logp[np.arange(len(ids) - 1), ids[1:]], logp, run_.tokenizer
+
+
+def test_echo_scores_the_prompt_with_the_models_log_softmax(workdir, client):
+    text = "the lazy dog jumps over"
+    reply = client.completions.create(model="tiny", prompt=text, max_tokens=0, echo=True,
+                                      logprobs=2)
+    [c] = reply.choices
+    assert c.text == text
+    expected, logp, tokenizer = model_logprobs(workdir, tokenizer_ids(workdir, text))
+    lp = c.logprobs
+    assert "".join(lp.tokens) == text and lp.token_logprobs[0] is None
+    np.testing.assert_allclose(lp.token_logprobs[1:], expected, atol=2e-4)
+    assert lp.text_offset == list(np.cumsum([0] + [len(t) for t in lp.tokens[:-1]]))
+    for t, top in enumerate(lp.top_logprobs[1:]):  # the two likeliest after tokens[:t+1]
+        best = np.argsort(-logp[t])[:2]
+        assert list(top.values()) == pytest.approx(logp[t][best].tolist(), abs=2e-4)
+        assert list(top) == [tokenizer.decode([int(i)]) for i in best]
+
+
+def test_logprobs_of_generated_tokens(workdir, client):
+    reply = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
+                                      temperature=1.0, seed=3, logprobs=0)
+    [c] = reply.choices
+    assert "".join(c.logprobs.tokens) == c.text and len(c.logprobs.tokens) == 12
+    ids = tokenizer_ids(workdir, PROMPT + c.text)
+    expected, _, _ = model_logprobs(workdir, ids)
+    np.testing.assert_allclose(c.logprobs.token_logprobs, expected[-12:], atol=2e-4)
+
+
+
+def test_echo_gives_back_the_prompt_as_sent_even_past_the_context(client):
+    long = "the lazy dog " * 4  # 52 characters, a char model with a 32-token context
+    [c] = client.completions.create(model="tiny", prompt=long, max_tokens=5, echo=True,
+                                    temperature=0).choices
+    alone = client.completions.create(model="tiny", prompt=long, max_tokens=5,
+                                      temperature=0).choices[0].text
+    assert c.text == long + alone
+
+def tokenizer_ids(workdir, text):
+    from transformer.checkpoint import load_run
+    return load_run(workdir).tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(temperature=-1), "temperature"),
+    (dict(temperature=3), "temperature"),
+    (dict(top_p=0), "top_p"),
+    (dict(n=0), "n"),
+    (dict(max_tokens=MAX_TOKENS + 1), "max_tokens"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+    (dict(logprobs=9), "logprobs"),
+    (dict(prompt=""), "prompt"),
+    (dict(prompt=[]), "prompt"),
+    (dict(prompt=[1, 2, 10**6]), "prompt"),
+    (dict(prompt="x" * 60, logprobs=1, max_tokens=20), "logprobs"),
+    (dict(prompt="the " * 10, logprobs=1, max_tokens=0, echo=True), "logprobs"),  # 40 > 32
+    (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(extra_body={"top_k": -1}), "top_k"),
+])
+def test_bad_requests_get_400_with_openai_error_json(client, kwargs, param):
+    kwargs = {"prompt": PROMPT, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="tiny", **kwargs)
+    error = caught.value.body
+    assert caught.value.status_code == 400
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"] and "\n" not in error["message"]
+
+
+def test_malformed_bodies_and_an_unknown_model(server, client):
+    r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/v1/completions", json=[1, 2], timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    health = httpx.get(f"{server}/health", timeout=10).json()
+    assert health["status"] == "ok" and health["step"] == 60
+
+
+def test_concurrent_clients_each_get_their_own_text(client):
+    requests = [dict(prompt=p, seed=s, max_tokens=24, temperature=1.0)
+                for p in ("the ", "a lazy ") for s in range(4)]
+    alone = [client.completions.create(model="tiny", **r).choices[0].text for r in requests]
+    together = [None] * len(requests)
+
+    def ask(i):
+        together[i] = client.completions.create(model="tiny", **requests[i]).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+    assert len(set(alone)) > 4  # seeds and prompts give different texts
+
+
+def test_a_cancelled_job_stops_the_device_loop_at_its_next_chunk(workdir):
+    """In-process: the job is cancelled as its first piece of text arrives (as a client that
+    leaves); the decode loop ends within a chunk instead of making all max_tokens."""
+    from transformer.generate.decode import STREAM_EVERY
+    from transformer.serve import api
+    from transformer.checkpoint import load_run
+    from transformer.serve.engine import Engine
+
+    run_ = load_run(workdir)
+    engine = Engine(run_.model_config, run_.params, run_.tokenizer, max_tokens=MAX_TOKENS)
+    request = api.parse_completion(dict(prompt=PROMPT, max_tokens=MAX_TOKENS, seed=0), MAX_TOKENS)
+    ids = [engine.encode(PROMPT)]
+    holder = {}
+
+    def emit(index, piece):
+        holder["job"].cancel()
+
+    holder["job"] = job = engine.submit(lambda job: engine.complete(job, request, ids, emit))
+    [choice] = job.future.result(timeout=120)
+    assert job.stopped and engine.stats["cancelled"] == 1
+    assert 0 < len(choice.ids) <= STREAM_EVERY < MAX_TOKENS
+    assert engine.stats["tokens"] <= STREAM_EVERY
+    # A job whose client left before it ran never runs.
+    engine.submit(lambda job: time.sleep(0.5))
+    queued = engine.submit(lambda job: engine.complete(job, request, ids))
+    queued.cancel()
+    with pytest.raises(Exception):
+        queued.future.result(timeout=60)
+    assert queued.future.cancelled() and engine.stats["cancelled"] == 2
+    engine.close()
+
+
+def test_a_client_that_leaves_while_queued_costs_no_device_time(server):
+    """Over HTTP: a stream opened behind a long request and dropped at once never runs."""
+    def served():
+        return httpx.get(f"{server}/health", timeout=10).json()["served"]
+
+    def wait_until(predicate):
+        deadline = time.monotonic() + 60
+        while not predicate(now := served()):
+            assert time.monotonic() < deadline, f"timed out: {now}"
+            time.sleep(0.05)
+        return now
+
+    before = served()
+    # 8 prompts x 16 choices x MAX_TOKENS tokens, one generate call after the other.
+    long = dict(prompt=[PROMPT] * 8, max_tokens=MAX_TOKENS, n=16, temperature=1.0)
+    thread = threading.Thread(target=lambda: httpx.post(f"{server}/v1/completions", json=long,
+                                                        timeout=300))
+    thread.start()
+    wait_until(lambda s: s["jobs"] == before["jobs"] + 1)  # the long one is running
+    with httpx.stream("POST", f"{server}/v1/completions", json=dict(
+            prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True), timeout=60) as r:
+        assert r.status_code == 200  # headers only: hang up
+    thread.join(timeout=300)
+    after = wait_until(lambda s: s["cancelled"] > before["cancelled"])
+    assert after["jobs"] == before["jobs"] + 1  # the long one only
+    assert after["tokens"] == before["tokens"] + 8 * 16 * MAX_TOKENS
+
+
+
+def test_compiled_attention_equals_the_eager_look_inside(tiny_config, tiny_params):
+    """What the page shows (one compiled pass on a padded bucket) is what visualize draws."""
+    from transformer.generate import inside
+
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8]  # 19: padded to 32
+    weights, logits = inside.attention(tiny_config, tiny_params, tokens)
+    eager_weights, eager_logits, _ = inside.look_inside(tiny_config, tiny_params, tokens)
+    assert weights.shape == eager_weights.shape == (2, 4, 19, 19)
+    np.testing.assert_allclose(weights, eager_weights, atol=1e-5)
+    np.testing.assert_allclose(logits, eager_logits, atol=1e-4)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)  # each query's softmax
+
+@pytest.mark.parametrize("args, message", [
+    ((), "give one of --workdir=RUN or --hf=FOLDER"),
+    (("--workdir=no/such/run",), "no such folder"),
+    (("--workdir={empty}",), "no checkpoints"),
+    (("--workdir={empty}", "--max_tokens=0"), "max_tokens=0"),
+])
+def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
+    from tests.conftest import run_cli
+
+    result = run_cli("-m", "transformer", "serve",
+                     *(a.format(empty=tmp_path) for a in args), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert message in line
+
+# --- the page in a real headless browser -----------------------------------------------------
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str | None:
+    import shutil
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def drive_page(base: str, screenshot, prompt: str = PROMPT, max_tokens: int = 60,
+               click: int = -1) -> dict:
+    """Opens the page in headless Chromium (the system's: nothing is downloaded), types a
+    prompt, generates, clicks a token, and saves a screenshot. Returns what it saw."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(base + "/")
+            page.wait_for_function("document.getElementById('model').textContent"
+                                   ".includes('step')")
+            page.fill("#prompt", prompt)
+            page.fill("#max_tokens", str(max_tokens))
+            page.click("#generate")
+            page.wait_for_selector("#output .tok", timeout=120_000)
+            seen = {"pieces": page.evaluate("window.__pieces"),
+                    "text": page.inner_text("#output"),
+                    "tokens": page.locator("#output .tok").count()}
+            page.locator("#output .tok").nth(click).click()
+            page.wait_for_selector("#inside:not([hidden]) .head")
+            seen["heads"] = page.locator("#heads .head").count()
+            seen["cells"] = page.locator("#heads .head").first.locator(".cell").count()
+            seen["next"] = page.locator("#next tr").count()
+            seen["title"] = page.inner_text("#inside-title")
+            page.screenshot(path=str(screenshot), full_page=True)
+            return seen
+        finally:
+            browser.close()
+
+
+@pytest.mark.browser
+def test_the_page_streams_text_and_shows_attention_in_headless_chromium(server, workdir,
+                                                                        tmp_path):
+    import os
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("no chromium on PATH (apt-get install chromium); docs/testing.md")
+    pytest.importorskip("playwright")
+    from transformer.checkpoint import load_run
+
+    config = load_run(workdir).model_config
+    seen = drive_page(server, tmp_path / "page.png", max_tokens=40)
+    assert seen["pieces"] > 1  # the text came in pieces, as it was made
+    assert seen["text"].replace("⏎", "").startswith(PROMPT)
+    # A char model: a token per character; the page looks at the model's context's worth.
+    assert seen["tokens"] == min(len(PROMPT) + 40, config.max_seq_len)
+    assert seen["heads"] == config.n_layers * config.n_heads
+    assert seen["cells"] == seen["tokens"]  # the last token attends over all before it
+    assert seen["next"] == 8
+    assert (tmp_path / "page.png").stat().st_size > 10_000

@@ -1,0 +1,81 @@
+"""Serve a trained run over HTTP: OpenAI's completions API and a page that shows attention.
+
+    python -m transformer serve --workdir=runs/tiny                 http://127.0.0.1:8000/
+    python -m transformer serve --hf=path/to/gpt2 --port=8080
+    python -m transformer.serve --workdir=runs/tiny                 (the same)
+
+    curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+        -d '{"prompt": "def ", "max_tokens": 40, "temperature": 0.8, "seed": 0}'
+
+Binds 127.0.0.1 unless --host says otherwise. The programs requests run are compiled before
+the server answers (`warm up`); `GET /health` answers once it does. docs/serving.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import flags
+
+from transformer import cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's workdir.")
+_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 or Llama "
+                          "folder (docs/huggingface.md).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest good one).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0: every interface; "
+                            "there is no authentication).")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 256, "The most new tokens one request may ask "
+                                   "for (the compiled output buffer).")
+_NAME = flags.DEFINE_string("name", None, "The model id clients name (default: the workdir's "
+                            "or folder's name).")
+
+
+def load():
+    """(model_config, params, tokenizer, step, default name) of --workdir or --hf."""
+    if _HF.value is not None:
+        from transformer.hf import load as hf_import
+        model_config, params, tokenizer = hf_import.load_pretrained(_HF.value)
+        return model_config, params, tokenizer, "hf", Path(_HF.value).resolve().name
+    from transformer import checkpoint
+
+    # The run's newest good checkpoint on one device, as sample.py reads it.
+    run = checkpoint.load_run(_WORKDIR.value, step=_STEP.value)
+    return (run.model_config, run.params, run.tokenizer, run.step,
+            Path(_WORKDIR.value).resolve().name)
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    if (_WORKDIR.value is None) == (_HF.value is None):
+        cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    if not 1 <= _MAX_TOKENS.value <= 65536:
+        cli.fail(f"max_tokens={_MAX_TOKENS.value}: must be in [1, 65536]")
+    if not 0 <= _PORT.value <= 65535:
+        cli.fail(f"port={_PORT.value}: must be in [0, 65535]")
+    if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
+        cli.fail(f"--workdir={_WORKDIR.value}: no such folder; train a run there first")
+    import uvicorn
+
+    from transformer.serve.app import create_app
+    from transformer.serve.engine import Engine
+
+    model_config, params, tokenizer, step, name = load()
+    name = _NAME.value or name
+    engine = Engine(model_config, params, tokenizer, max_tokens=_MAX_TOKENS.value)
+    print(f"{name} (step {step}): {model_config.n_layers} layers, d_model "
+          f"{model_config.d_model}, context {model_config.max_seq_len}; warming up...",
+          flush=True)
+    print(f"compiled in {engine.warm_up():.1f}s", flush=True)
+    app = create_app(engine, name, step)
+    print(f"serving on http://{_HOST.value}:{_PORT.value}/  (OpenAI API under /v1)", flush=True)
+    try:
+        uvicorn.run(app, host=_HOST.value, port=_PORT.value, log_level="warning")
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    cli.run(main)

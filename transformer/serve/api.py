@@ -1,0 +1,172 @@
+"""OpenAI's completions API, the parts this server speaks: a request's fields checked into a
+`CompletionRequest`, and the JSON shapes of answers and errors.
+
+    POST /v1/completions
+      model        the served model's id (GET /v1/models); may be left out
+      prompt       a string, a list of strings, a list of token ids, or a list of such lists
+      max_tokens   new tokens per choice (default 16; 0 with echo scores the prompt only)
+      temperature  0 .. 2 (default 1; 0 is greedy)      top_p   (0, 1] (default 1)
+      top_k        an extension: keep the k likeliest tokens (default 0: all)
+      seed         the same seed, prompt and knobs give the same text as sample.py
+                   (default: a fresh random seed per request)
+      stop         a string or up to 4: the text ends before the first one
+      n            choices per prompt (decoded together, as sample.py --num_samples)
+      stream       server-sent events, one per piece of text, `data: [DONE]` at the end
+      logprobs     0 .. 5: each token's log-probability and the likeliest alternatives
+      echo         the prompt comes back in front of the text (with logprobs: scored too)
+
+Anything else OpenAI defines and this server cannot honour (best_of, logit_bias, penalties,
+suffix) is refused rather than ignored; unknown fields (e.g. `user`) are ignored.
+A refusal is HTTP 400 with {"error": {"message", "type", "param", "code"}}: one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+import uuid
+
+MAX_STOPS = 4
+MAX_LOGPROBS = 5
+MAX_N = 16
+
+
+class ApiError(Exception):
+    """A request refused: the HTTP status and OpenAI's error object."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind, self.code = (
+            " ".join(message.split()), param, status, kind, code)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    prompts: list            # each a str or a list of token ids
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple = ()
+    n: int = 1
+    stream: bool = False
+    logprobs: int | None = None
+    echo: bool = False
+
+
+def _number(body, name, default, kind, low=None, high=None, low_open=False):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            kind is int and isinstance(value, float) and not value.is_integer()):
+        raise ApiError(f"{name}={value!r}: must be {'an integer' if kind is int else 'a number'}",
+                       name)
+    value = kind(value)
+    if low is not None and (value <= low if low_open else value < low):
+        raise ApiError(f"{name}={value}: must be {'>' if low_open else '>='} {low}", name)
+    if high is not None and value > high:
+        raise ApiError(f"{name}={value}: must be <= {high}", name)
+    return value
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                           for t in value)
+
+
+def _prompts(body) -> list:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise ApiError("prompt is missing: give a string, a list of strings or of token ids",
+                       "prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif _is_ids(prompt) and prompt:
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or (_is_ids(p)) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise ApiError("prompt: must be a string, a list of strings, a list of token ids or a "
+                       "list of such lists (not empty)", "prompt")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ApiError(f"prompt {i} is empty: give at least one character or token",
+                           "prompt")
+    return prompts
+
+
+def _stops(body) -> tuple:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError("stop: must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOPS:
+        raise ApiError(f"stop: at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    return tuple(stops)
+
+
+def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
+    """A request body (parsed JSON) checked into a CompletionRequest; raises ApiError."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    for name, neutral in (("best_of", None), ("logit_bias", None), ("suffix", None),
+                          ("presence_penalty", 0), ("frequency_penalty", 0)):
+        if body.get(name) not in (None, neutral, {}) and not (
+                name == "best_of" and body.get(name) == body.get("n", 1)):
+            raise ApiError(f"{name} is not supported by this server: leave it out", name)
+    for name in ("stream", "echo"):
+        if not isinstance(body.get(name, False), bool):
+            raise ApiError(f"{name}={body[name]!r}: must be true or false", name)
+    seed = body.get("seed")
+    request = CompletionRequest(
+        prompts=_prompts(body),
+        max_tokens=_number(body, "max_tokens", 16, int, 0, max_tokens_limit),
+        temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
+        top_k=_number(body, "top_k", 0, int, 0),
+        seed=_number(body, "seed", 0, int, 0, 2**31 - 1) if seed is not None
+        else secrets.randbelow(2**31),
+        stop=_stops(body),
+        n=_number(body, "n", 1, int, 1, MAX_N),
+        stream=body.get("stream", False),
+        logprobs=_number(body, "logprobs", None, int, 0, MAX_LOGPROBS),
+        echo=body.get("echo", False))
+    if request.max_tokens == 0 and not request.echo:
+        raise ApiError("max_tokens=0 asks for nothing: give max_tokens >= 1, or echo=true to "
+                       "score the prompt", "max_tokens")
+    if request.stream and request.logprobs is not None:
+        raise ApiError("logprobs with stream is not supported by this server: ask without "
+                       "stream", "logprobs")
+    return request
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+def choice(index: int, text: str, finish_reason: str | None, logprobs=None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion(cid: str, model: str, choices: list, usage: dict | None = None,
+               created: int | None = None) -> dict:
+    out = {"id": cid, "object": "text_completion", "created": created or int(time.time()),
+           "model": model, "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def model_card(model: str, created: int) -> dict:
+    return {"id": model, "object": "model", "created": created, "owned_by": "transformer"}

@@ -1,0 +1,152 @@
+"""Where a run's numbers go besides `metrics.jsonl`: trackers, one small interface.
+
+    tracker = trackers.open_for(workdir, resumed_at=step)   # TensorBoard, always
+    tracker.log(step, {"train_loss": 2.31, "lr": 1e-3})     # numbers, keyed as in metrics.jsonl
+    tracker.log_text(step, "sample", text)
+    tracker.close()
+
+`metrics.jsonl` stays the record that reports and plots read (metrics.MetricsLog); every line
+written there is also handed to the trackers, so a curve in TensorBoard is the same numbers.
+
+TensorBoard event files are written into the workdir itself by tensorboardX (no TensorFlow),
+so `tensorboard --logdir runs` shows every run, and a sweep's members side by side under the
+sweep's folder. A resumed run redoes the steps after its checkpoint: it opens its writer with
+`purge_step` = the restored step + 1, which TensorBoard's reader honours by dropping the
+earlier files' events from that step on (a SessionLog START at that step), so the curve
+continues with no duplicated or doubled-back steps. A fresh start purges from step 1: a run
+killed before its first checkpoint leaves events that the new run replaces.
+
+Weights & Biases (`train.wandb=online|offline`, the `wandb` extra) gets the same numbers
+under the same tags. Its run id is kept in `<workdir>/wandb_run_id`, so a resumed run
+continues the same W&B run; offline runs write under `<workdir>/wandb` for `wandb sync`.
+W&B cannot purge: it ignores the redone steps of a resumed run (steps must grow), keeping
+the values first logged, which a resumed run reproduces bit for bit anyway (its speed
+figures aside).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+# metrics.jsonl key -> TensorBoard tag. Grouped by section, so TensorBoard puts the loss
+# curves together, the speed figures together.
+TAGS = {
+    "train_loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "lr": "train/lr",
+    "skipped_steps": "train/skipped_steps",
+    "val_loss": "val/loss",
+    "val_bpb": "val/bpb",
+    "tokens_per_s": "speed/tokens_per_s",
+    "mfu": "speed/mfu",
+}
+
+
+class Tracker(Protocol):
+    def log(self, step: int, values: dict) -> None: ...
+    def log_text(self, step: int, tag: str, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorBoard:
+    """Scalars and text into tensorboardX event files in `logdir`."""
+
+    def __init__(self, logdir, purge_step: int | None = None):
+        from tensorboardX import SummaryWriter  # ~0.3 s to import: only runs that write pay
+
+        self.writer = SummaryWriter(logdir=str(logdir), purge_step=purge_step,
+                                    flush_secs=10)
+
+    def log(self, step: int, values: dict) -> None:
+        for key, value in values.items():
+            tag = TAGS.get(key)
+            if tag is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if math.isfinite(value):
+                self.writer.add_scalar(tag, float(value), global_step=int(step))
+        self.writer.flush()  # a logging step is rare: a kill loses nothing written
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        # TensorBoard renders text as Markdown: a code block keeps a sample's spaces and lines.
+        self.writer.add_text(tag, "```\n" + text + "\n```", global_step=int(step))
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Many:
+    """Several trackers as one."""
+
+    def __init__(self, trackers):
+        self.trackers = list(trackers)
+
+    def log(self, step, values):
+        for t in self.trackers:
+            t.log(step, values)
+
+    def log_text(self, step, tag, text):
+        for t in self.trackers:
+            t.log_text(step, tag, text)
+
+    def close(self):
+        for t in self.trackers:
+            t.close()
+
+
+class WandB:
+    """Weights & Biases: the same tags; one W&B run per workdir, however often it resumes."""
+
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, workdir, mode: str, project: str, config: dict | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            from transformer.config import ConfigError
+            raise ConfigError(f"train.wandb={mode} needs the wandb package: "
+                              "pip install -e '.[wandb]' (or set train.wandb=off)") from e
+        workdir = Path(workdir)
+        path = workdir / self.ID_FILE
+        run_id = path.read_text().strip() if path.exists() else uuid.uuid4().hex[:12]
+        path.write_text(run_id + "\n")
+        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(workdir),
+                              mode=mode, config=config, name=workdir.resolve().name)
+
+    def log(self, step: int, values: dict) -> None:
+        scalars = {TAGS[k]: float(v) for k, v in values.items()
+                   if k in TAGS and not isinstance(v, bool) and isinstance(v, (int, float))
+                   and math.isfinite(v)}
+        if scalars:
+            self.run.log(scalars, step=int(step))
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        self.run.summary[tag] = text
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_for(workdir, resumed_at: int | None = None, config=None) -> Tracker:
+    """The trackers of a run in `workdir`, which continues after step `resumed_at` (None or 0:
+    from the start): TensorBoard, and W&B if `config.train.wandb` asks. Call on process 0
+    only."""
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    trackers = [TensorBoard(workdir, purge_step=(resumed_at or 0) + 1)]
+    if config is not None and config.train.wandb != "off":
+        from transformer import config as config_lib
+        trackers.append(WandB(workdir, config.train.wandb, config.train.wandb_project,
+                              config_lib.to_dict(config)))
+    return Many(trackers)
+
+
+def append_text(workdir, step: int, tag: str, text: str) -> None:
+    """Adds one text (e.g. the end-of-training sample) to a run's curves, purging nothing."""
+    tracker = TensorBoard(workdir)
+    try:
+        tracker.log_text(step, tag, text)
+    finally:
+        tracker.close()
