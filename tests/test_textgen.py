@@ -110,5 +110,5 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     samples = out.stdout.split("--- sample ")[1:]
     assert len(samples) == 4
     for sample in samples:  # header line, then "def" + the text up to its first newline
-        header, body = sample.split("\n", 1)
+        _header, body = sample.split("\n", 1)
         assert "\n" not in body.rstrip("\n"), sample

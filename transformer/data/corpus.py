@@ -47,7 +47,7 @@ def _sorted_py_files(folder: Path) -> Iterator[Path]:
 
 class Text(str):
     """The corpus text, with `read`: what reading it found (`Read`)."""
-    read: "Read"
+    read: Read
 
 
 @dataclasses.dataclass(frozen=True)

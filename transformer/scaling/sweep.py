@@ -39,7 +39,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from transformer.config import ConfigError, ModelConfig, flatten, validate
+from transformer.config import ConfigError, ModelConfig, fields, flatten, validate
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
 from transformer.scaling import fit, plot
@@ -201,12 +201,19 @@ def check_workdir(sweep, workdir, allow_change=()) -> dict | None:
             raise ConfigError(f"--workdir={workdir} holds a training run, not a sweep: give "
                               "the sweep a folder of its own")
         return None
-    diffs = differences(saved, json.loads(sweep.to_json()))
+    # Base fields free to change on a resumed run (logging, evaluation, checkpoints, mesh,
+    # the sample) change nothing a member computes: not a different sweep.
+    diffs = {k: v for k, v in differences(saved, json.loads(sweep.to_json())).items()
+             if not (k.startswith("base.") and k[5:] in fields.BY_NAME
+                     and fields.BY_NAME[k[5:]].resume == fields.FREE)}
     if not diffs:
         return None
     refused = {k: v for k, v in diffs.items() if k not in set(allow_change or ())}
     if refused:
-        what = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in refused.items())
+        shown = list(refused.items())[:3]
+        what = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in shown)
+        if len(refused) > len(shown):
+            what += f"; and {', '.join(list(refused)[len(shown):])}"
         raise ConfigError(f"{workdir} holds another sweep ({what}): use a new --workdir, or "
                           f"pass --allow_change={','.join(refused)} to replace its sweep.json "
                           "(members already finished keep the results of the old one)")
