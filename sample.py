@@ -58,11 +58,16 @@ def main(argv):
     step, model_config, params, tokenizer = _load()
     stream = _NUM_SAMPLES.value == 1 and not _NO_STREAM.value
     printer = _StreamPrinter(f"--- sample 0 (step {step}) ---\n{_PROMPT.value}")
-    texts = textgen.sample_text(
-        model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
-        max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-        top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value,
-        on_text=printer if stream else None)
+    try:
+        texts = textgen.sample_text(
+            model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
+            max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+            top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value,
+            on_text=printer if stream else None)
+    except KeyboardInterrupt:  # a long stream stops between chunks: end its line, exit 130
+        if stream:
+            printer.close()
+        raise
     if stream:
         printer.close()
         return

@@ -71,6 +71,36 @@ def test_second_train_resumes_at_the_saved_step(trained, tmp_path):
     assert [m["step"] for m in lines if "train_loss" in m] == [10, 20, 30]
 
 
+def test_ctrl_c_stops_a_long_streamed_sample_with_its_text_printed(trained):
+    """10^8 new tokens, streamed: the generation runs in chunks, so SIGINT (Ctrl-C) stops it
+    at the next chunk, with the text so far on stdout and exit status 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+    workdir, _ = trained
+    proc = subprocess.Popen([sys.executable, "sample.py", f"--workdir={workdir}", "--prompt=def ",
+                             "--max_new_tokens=100000000", "--seed=0"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        seen = ""
+        deadline = time.monotonic() + 240
+        while len(seen) < 300 and time.monotonic() < deadline:
+            seen += proc.stdout.read(1)  # streamed text arrives while it is being made
+        assert len(seen) >= 300, seen
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    assert (seen + out).startswith("--- sample 0") and (seen + out).endswith("\n")
+
+
 def test_resuming_in_another_precision_must_be_allowed(trained):
     """The run trained in the matmul mode auto picked here; the other precision (fast_f32 <->
     fast_bf16) computes other numbers, so resuming under it is refused, naming the field."""

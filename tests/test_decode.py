@@ -269,3 +269,30 @@ def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kw
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(decode.GenerationError, match=match):
         decode.generate(tiny_config, tiny_params, prompts, **kwargs)
+
+
+@pytest.mark.parametrize("variant", [{}, dict(position="rope", sliding_window=16)])
+def test_a_long_streamed_generation_runs_in_chunks_and_makes_the_same_tokens(
+        tiny_config, tiny_params, variant, monkeypatch):
+    """Past CHUNK tokens (here 64, the context) a streamed generation is several device calls
+    carrying the cache, the last token and the positions: it streams every step once, in
+    order, and makes the tokens one call makes, for both window policies (re-prefill with
+    learned positions; the RoPE ring)."""
+    from transformer.model.gpt import init_params
+    config = dataclasses.replace(tiny_config, **variant)
+    params = tiny_params if not variant else init_params(config, jax.random.key(0))
+    monkeypatch.setattr(decode, "CHUNK", 16)  # the chunk is then the context, 64
+    kwargs = dict(max_new_tokens=300, temperature=1.0, seed=3)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    whole = decode.generate(config, params, prompts, **kwargs)
+    calls = []
+    for name in ("_program", "_continued"):  # count the device calls
+        real = getattr(decode, name)
+        monkeypatch.setattr(decode, name, lambda *a, real=real, name=name, **k: (
+            calls.append(name), real(*a, **k))[1])
+    steps = []
+    chunked = decode.generate(config, params, prompts, **kwargs,
+                              on_tokens=lambda i, t, d: steps.append(i))
+    assert calls == ["_program"] + ["_continued"] * 4  # 64 + 64 + 64 + 64 + 44 tokens
+    assert steps == list(range(300))
+    assert chunked == whole and len(whole[0]) == 300

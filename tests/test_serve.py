@@ -129,8 +129,8 @@ def test_stream_ends_with_done_and_stop_cuts_the_text(server, client):
 
 def model_logprobs(workdir, ids) -> np.ndarray:
     """log p(ids[t] | ids[:t]) for t >= 1, from the model's own forward pass."""
-    from transformer.model.gpt import GPT
     from transformer.checkpoint import load_run
+    from transformer.model.gpt import GPT
 
     run_ = load_run(workdir)
     logits = GPT(run_.model_config).apply({"params": run_.params}, np.asarray([ids], np.int32))
@@ -242,9 +242,9 @@ def test_concurrent_clients_each_get_their_own_text(client):
 def test_a_cancelled_job_stops_the_device_loop_at_its_next_chunk(workdir):
     """In-process: the job is cancelled as its first piece of text arrives (as a client that
     leaves); the decode loop ends within a chunk instead of making all max_tokens."""
+    from transformer.checkpoint import load_run
     from transformer.generate.decode import STREAM_EVERY
     from transformer.serve import api
-    from transformer.checkpoint import load_run
     from transformer.serve.engine import Engine
 
     run_ = load_run(workdir)

@@ -51,6 +51,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import signal
+import threading
 from typing import NamedTuple
 
 import jax
@@ -255,8 +257,31 @@ class _Loop(NamedTuple):
         return jax.lax.while_loop(self.running, cycle, state)
 
 
+def _step_keys(key, first, budget: int, B: int):
+    """Key data of steps first .. first+budget-1 for rows 0 .. B-1: [budget, B, 2]."""
+    return jax.random.key_data(jax.vmap(lambda i: jax.vmap(
+        lambda b: jax.random.fold_in(jax.random.fold_in(key, b), first + i))(jnp.arange(B)))(
+            jnp.arange(budget)))
+
+
+class _Carry(NamedTuple):
+    """What one chunk of a long generation hands the next: a _State without its output."""
+    cache: list
+    token_B: jax.Array
+    done_B: jax.Array
+    index: jax.Array
+    start_B: jax.Array
+    history_BS: jax.Array
+
+
+def _carry(state: _State) -> _Carry:
+    return _Carry(state.cache, state.token_B, state.done_B, state.index, state.start_B,
+                  state.history_BS)
+
+
 def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
-                     n, stream_id, *, config: ModelConfig, budget: int, stream: bool = False):
+                     n, stream_id, *, config: ModelConfig, budget: int, stream: bool = False,
+                     carry: bool = False):
     """The compiled program: prefill, the fill loops, then the window policy's loop.
     Returns (tokens_BN, cache) with N = budget; only the first n columns are sampled.
 
@@ -274,9 +299,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     # loops and used there as counter-based (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a
     # while loop, and a loop nested in the decode body made XLA copy every layer's cache on
     # every step.
-    keys_NB2 = jax.random.key_data(jax.vmap(lambda i: jax.vmap(
-        lambda b: jax.random.fold_in(jax.random.fold_in(key, b), i))(jnp.arange(B)))(
-            jnp.arange(budget)))
+    keys_NB2 = _step_keys(key, 0, budget, B)
     loop = _Loop(config, params, keys_NB2, (temperature, top_k, top_p, eos_id), n,
                  stream_id if stream else None, budget)
 
@@ -292,12 +315,46 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
         # model copies XLA compiles (prefill and fill steps, no re-prefill and its loop).
         state = loop.slide(state)
     if stream:
-        state = loop.send(state)  # the last, partial chunk
-    return state.out_BN, state.cache
+        loop.send(state)  # the last, partial chunk
+    return state.out_BN, (_carry(state) if carry else state.cache)
 
 
-_program = jax.jit(_generate_tokens, static_argnames=("config", "budget", "stream"),
+_program = jax.jit(_generate_tokens, static_argnames=("config", "budget", "stream", "carry"),
                    donate_argnames=("cache",))
+
+
+def _continue_tokens(params, carry: _Carry, key, first, temperature, top_k, top_p, eos_id, n,
+                     stream_id, *, config: ModelConfig, budget: int, stream: bool = False):
+    """The next chunk of a long generation: n more tokens (steps first .. first+n-1, whose
+    keys they are) from `carry`, whose cache is full (the first chunk ran at least S steps).
+    Returns (tokens_BN of this chunk, the carry for the next one)."""
+    config = dataclasses.replace(config, scan_layers=False)
+    params = unstack_layers(params, config.n_layers)
+    B = carry.token_B.shape[0]
+    config, params = kernels.decode_setup(config, params, B)
+    loop = _Loop(config, params, _step_keys(key, first, budget, B),
+                 (temperature, top_k, top_p, eos_id), n, stream_id if stream else None, budget)
+    state = _State(carry.cache, carry.token_B, carry.done_B,
+                   jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), carry.index,
+                   carry.start_B, carry.history_BS)
+    if window_policy(config) == "reprefill":  # finish the re-prefill cycle under way
+        S = config.max_seq_len
+        state = jax.lax.while_loop(lambda s: loop.running(s) & (s.index < S), loop.step, state)
+    state = loop.slide(state)
+    if stream:
+        loop.send(state)
+    return state.out_BN, _carry(state)
+
+
+_continued = jax.jit(_continue_tokens, static_argnames=("config", "budget", "stream"),
+                     donate_argnames=("carry",))
+
+# A long streamed generation runs as device calls of CHUNK tokens (at least the context),
+# each continuing the last (`_Carry`: cache, last token, positions; the keys follow the step
+# count): its memory does not grow with the length, and Ctrl-C, which Python delivers only
+# between device calls, stops it within a chunk. Shorter or unstreamed generations are one
+# call, as before.
+CHUNK = 4096
 
 # Streaming: the compiled program calls `_deliver` with its stream id and the last
 # STREAM_EVERY tokens, every STREAM_EVERY tokens (a host call per token cost about as much
@@ -445,6 +502,9 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
         key_data = jax.device_get(jax.random.key_data(key))
         tokens_BN, _ = generate_fn(jax.device_put(params, param_sh), cache_fn(), put(prompt_BP),
                                    put(start_B), put(key_data), *map(put, knobs))
+    elif on_tokens is not None and max_new_tokens > _chunk(config):
+        tokens_BN = _generate_chunks(config, params, prompt_BP, start_B, key, knobs[:4],
+                                     max_new_tokens, on_tokens)
     else:
         stream_id = next(_SINK_IDS) if on_tokens is not None else 0
         if on_tokens is not None:
@@ -463,3 +523,78 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
             row = row[: ended_at[b] + 1]
         out.append(row[: row.index(eos_id)] if eos_id in row else row)
     return out
+
+
+def _chunk(config: ModelConfig) -> int:
+    """Tokens per device call of a long streamed generation: CHUNK, or the context if larger
+    (the first call must fill the cache)."""
+    return max(CHUNK, _bucket(config.max_seq_len))
+
+
+def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs,
+                     max_new_tokens: int, on_tokens):
+    """`generate`'s streamed loop for a long request: chunk after chunk until max_new_tokens
+    or every row has ended. The same tokens as one call (the same steps and keys). Ctrl-C
+    raises KeyboardInterrupt after the chunk under way (its tokens streamed).
+    Memory: one chunk's buffers, plus 4 bytes per token and row for the returned tokens."""
+    B, chunk, eos_id = prompt_BP.shape[0], _chunk(config), int(knobs[3])
+    pieces, done_B, made, carry = [], np.zeros(B, bool), 0, None
+    with _InterruptBetweenChunks() as interrupt:
+        while made < max_new_tokens and not done_B.all():
+            interrupt.check()
+            n = np.int32(min(chunk, max_new_tokens - made))
+            out_BN, carry = _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made,
+                                       carry, on_tokens, done_B, chunk, eos_id)
+            pieces.append(out_BN[:, :n])
+            done_B = np.asarray(carry.done_B)
+            made += int(n)
+    return np.concatenate(pieces, axis=1)
+
+
+def _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made, carry, on_tokens,
+               done_B, chunk: int, eos_id: int):
+    """One device call: the first chunk from the prompts, or the next from `carry`. Streams
+    its steps to on_tokens as steps made .. made+n-1. Returns (tokens_BN, carry)."""
+    B = prompt_BP.shape[0]
+    stream_id = next(_SINK_IDS)
+    sink = _Stream(lambda i, t, d: on_tokens(made + i, t, d), B, eos_id)
+    sink.done_B = done_B.copy()  # rows that ended in an earlier chunk stay ended
+    _SINKS[stream_id] = sink
+    try:
+        if carry is None:
+            out_BN, carry = _program(params, new_cache(config=config, batch=B), prompt_BP,
+                                     start_B, key, *knobs, n, np.int32(stream_id),
+                                     config=config, budget=chunk, stream=True, carry=True)
+        else:
+            out_BN, carry = _continued(params, carry, key, np.int32(made), *knobs, n,
+                                       np.int32(stream_id), config=config, budget=chunk,
+                                       stream=True)
+        return np.asarray(out_BN), carry  # waits for the chunk
+    finally:
+        _SINKS.pop(stream_id, None)
+
+
+class _InterruptBetweenChunks:
+    """While a long generation runs: Ctrl-C (SIGINT) only asks it to stop, and `check`, called
+    between chunks, raises the KeyboardInterrupt there, outside any device call (raised
+    inside the streaming callback it would abort the call with an XLA error instead). A
+    second Ctrl-C interrupts at once. Only in the main thread, where signals are handled."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False

@@ -12,9 +12,10 @@ One process measures, in alternating rounds so that both sides see the same mach
   autodiff), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
-- decoding: `decode.generate_tokens` (prefill + compiled `lax.while_loop`s) against HF `generate` with
-  its KV cache, greedy, batch 1 and 8, --new_tokens after a --prompt_len prompt; the decode
-  model's context is the next power of two that holds both (the same for the peer);
+- decoding: `decode.generate_tokens` (prefill + compiled `lax.while_loop`s) against HF
+  `generate` with its KV cache, greedy, batch 1 and 8, --new_tokens after a --prompt_len
+  prompt; the decode model's context is the next power of two that holds both (the same
+  for the peer);
 - prefill latency: the same programs asked for one new token;
 - compile time and compile counts (from JAX's compile events: after warm-up there must be none);
 - MFU against a measured matmul peak on CPU, the datasheet on accelerators (metrics.py);
