@@ -12,6 +12,7 @@ import pytest
 
 from transformer.config import ConfigError, base_config
 from transformer.scaling import fit
+from transformer.scaling import report as report_lib
 from transformer.scaling import sweep as scaling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +148,7 @@ def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):
             json.dumps({"step": 10, "tokens": d, "train_loss": loss, "tokens_per_s": 5.0})
             + "\n" + json.dumps({"step": 10, "tokens": d, "val_loss": loss}) + "\n")
     lines = []
-    fits = scaling.report(tmp_path, log=lines.append)
+    fits = report_lib.report(tmp_path, log=lines.append)
     assert abs(fits["L(N,D)"]["alpha"] - 0.3) < 0.02 and abs(fits["L(N,D)"]["beta"] - 0.35) < 0.02
     assert fits["L(N)"]["n_points"] == 3  # the largest budget only
     assert fits["L(C)"] is not None
@@ -181,7 +182,7 @@ def _write_isoflop_runs(workdir, groups=("",), shift=0.0):
 def test_isoflop_report_predicts_and_checks_a_held_out_budget(tmp_path):
     _write_isoflop_runs(tmp_path)
     lines = []
-    fits = scaling.report(tmp_path, log=lines.append, holdout="largest", n_boot=8)
+    fits = report_lib.report(tmp_path, log=lines.append, holdout="largest", n_boot=8)
     text = lines[0]
     assert "Approach 2" in text and "Approach 3" in text and "Holdout" in text
     assert abs(fits["isoflop"]["approach3"]["alpha"] - 0.34) < 0.03
@@ -192,7 +193,7 @@ def test_isoflop_report_predicts_and_checks_a_held_out_budget(tmp_path):
     assert "val_bpb" in (tmp_path / "report.csv").read_text().splitlines()[0]
 
     out = []
-    best = scaling.predict(tmp_path, 1e17, log=out.append, n_boot=8)
+    best = report_lib.predict(tmp_path, 1e17, log=out.append, n_boot=8)
     assert best["N_int"][0] <= best["N"] <= best["N_int"][1]
     assert best["D"] / best["N"] > 1 and "nearest ladder size: n_layers=" in out[0]
 
@@ -240,7 +241,7 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
                 (run / "metrics.jsonl").write_text(json.dumps(
                     {"step": 10, "tokens": 1e6, "val_loss": loss}) + "\n")
     lines = []
-    fits = scaling.report(tmp_path, log=lines.append)
+    fits = report_lib.report(tmp_path, log=lines.append)
     assert set(fits) == {"gpt2", "modern"}
     assert "| modern − gpt2 |" in lines[0]
     gaps = [line for line in lines[0].splitlines() if line.startswith("| L")]

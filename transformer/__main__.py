@@ -27,7 +27,7 @@ COMMANDS = {
     "fields": ("transformer.tools.fields", "every config field: default, allowed values, meaning"),
     "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),
-    "scaling": ("transformer.scaling.sweep", "train a sweep, report and fit it"),
+    "scaling": ("transformer.scaling", "train a sweep, report and fit it"),
     "plot": ("transformer.scaling.plot", "loss curves of runs (PNG)"),
     "export": ("transformer.hf.export", "a run as a Hugging Face folder"),
     "visualize": ("transformer.tools.visualize", "attention maps of a trained run (PNG)"),

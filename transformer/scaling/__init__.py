@@ -1,6 +1,8 @@
 """The scaling room: sweeps over sizes and budgets, and what their results say.
 
     sweep.py       ladders and grids of runs: one member per size × budget, trained by train/
+    report.py      what finished members say: tables, fits, plots, the compute-optimal prediction
+    __main__.py    the command: python -m transformer scaling
     fit.py         scaling-law fits (power laws, L(N, D)) with bootstrap intervals
     chinchilla.py  Chinchilla's approaches 2 and 3; predict, holdout
     isoflop.py     the IsoFLOP report of a sweep; the ladder's real FLOPs per token

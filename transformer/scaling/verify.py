@@ -22,7 +22,7 @@ import ml_collections
 
 from transformer.config import ConfigError
 from transformer.model.sizes import human
-from transformer.scaling import chinchilla, isoflop
+from transformer.scaling import chinchilla, isoflop, report
 from transformer.scaling import sweep as sweep_lib
 
 FACTOR = 4.0  # the default budget: this many times the sweep's largest
@@ -31,7 +31,7 @@ FACTOR = 4.0  # the default budget: this many times the sweep's largest
 def plan(workdir, flops_budget: float | None = None, n_boot: int = 100):
     """(the one-member sweep to train, the fits, C, the predicted optimum) for `workdir`."""
     workdir = Path(workdir)
-    ok = sweep_lib.best_per_size([r for r in sweep_lib.collect(workdir)
+    ok = report.best_per_size([r for r in report.collect(workdir)
                                   if math.isfinite(r["val_loss"])])
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--verify: {workdir} holds no finished IsoFLOP runs "
@@ -59,13 +59,13 @@ def verify(workdir, flops_budget: float | None = None, log=print, n_boot: int = 
     """Trains the predicted compute-optimal run and prints measured against predicted loss."""
     check, fits, C, best = plan(workdir, flops_budget, n_boot)
     [member] = sweep_lib.members(check)
-    largest = max(r["budget_value"] for r in sweep_lib.collect(workdir))
+    largest = max(r["budget_value"] for r in report.collect(workdir))
     log(f"verify: C = {C:.3g} FLOPs ({C / largest:.3g}x the sweep's largest budget); "
         f"Approach 3's optimum N_opt = {human(best['N'])}, D_opt = {human(best['D'])}; "
         f"training the nearest ladder size {member.name}: {member.config.train.steps} steps, "
         f"{member.tokens:,} tokens")
     sweep_lib.run(check, Path(workdir) / "verify", log=log, progress=progress)
-    [row] = [r for r in sweep_lib.collect(Path(workdir) / "verify") if r["name"] == member.name]
+    [row] = [r for r in report.collect(Path(workdir) / "verify") if r["name"] == member.name]
     N, D, measured = row["params_non_embedding"], row["tokens"], row["val_loss"]
     predicted = float(chinchilla.loss_nd(fits["a3"], N, D))
     lo, hi = chinchilla.interval([float(chinchilla.loss_nd(f, N, D)) for f in fits["boot3"]])
