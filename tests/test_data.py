@@ -105,6 +105,26 @@ def test_validation_windows_never_overlap_training_text():
         assert set(stream.batch(0, "train", i, 8)["inputs"].ravel().tolist()) <= train
 
 
+@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.3, 0.4, 0.6, 0.9])
+def test_validation_holds_out_the_fraction_asked(fraction):
+    """val_fraction=0.3 held out every 3rd block (33%) and anything >= 0.4 every 2nd (50%);
+    the held-out share is the fraction asked, to within a block of the ~100."""
+    tokens = np.arange(100_000)
+    stream = batches.TokenStream(tokens, seq_len=16, val_fraction=fraction)
+    share = len(stream.splits["val"]) / len(tokens)
+    assert abs(share - fraction) <= 0.011, share
+
+
+def test_one_in_k_fractions_keep_every_kth_block():
+    """f = 1/k still holds out blocks k-1, 2k-1, ...: the default run's split is unchanged."""
+    tokens = np.arange(100_000)
+    for k in (2, 10, 20):
+        stream = batches.TokenStream(tokens, seq_len=16, val_fraction=1 / k)
+        block = len(tokens) // batches.TokenStream.BLOCKS
+        starts = sorted(set((stream.splits["val"] // block).tolist()))
+        assert starts == list(range(k - 1, batches.TokenStream.BLOCKS, k)), k
+
+
 def test_a_corpus_shorter_than_one_sequence_is_refused():
     with pytest.raises(data.CorpusError, match="too few"):
         batches.TokenStream(np.arange(40), seq_len=32, val_fraction=0.1)

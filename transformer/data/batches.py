@@ -19,6 +19,8 @@ Sources:
 
 from __future__ import annotations
 
+import fractions
+
 import numpy as np
 
 from transformer.data.corpus import CorpusError
@@ -34,18 +36,22 @@ def _row_rngs(seed: int, split: str, index: int, batch_size: int, rows) -> list:
 
 class TokenStream:
     """Windows of a token array. Validation holds out `val_fraction` of the corpus as evenly
-    spread blocks (every k-th of about 100), so it samples the same mix of text as training
-    rather than whatever happens to sit at the end of the corpus."""
+    spread blocks (of about 100), so it samples the same mix of text as training rather than
+    whatever happens to sit at the end of the corpus. Block i is held out when the running
+    count floor(i·f) steps up (f as a fraction p/q, in integers): every k-th block for f = 1/k,
+    and f of the blocks for any other f (0.3 holds out 30 of 100, not every 3rd)."""
 
     BLOCKS = 100
 
     def __init__(self, tokens: np.ndarray, seq_len: int, val_fraction: float):
         block = max(seq_len + 1, len(tokens) // self.BLOCKS)
-        every = max(2, round(1 / val_fraction))
+        f = fractions.Fraction(val_fraction).limit_denominator(1000)
         starts = range(0, len(tokens), block)
-        val = [tokens[s:s + block] for i, s in enumerate(starts) if i % every == every - 1]
-        train = [tokens[s:s + block] for i, s in enumerate(starts) if i % every != every - 1]
-        if not val:  # too short for one held-out block in `every`: hold out the tail instead
+        held = [(i + 1) * f.numerator // f.denominator > i * f.numerator // f.denominator
+                for i in range(len(starts))]
+        val = [tokens[s:s + block] for s, h in zip(starts, held) if h]
+        train = [tokens[s:s + block] for s, h in zip(starts, held) if not h]
+        if not val:  # too short for one held-out block: hold out the tail instead
             val, train = [tokens[-block:]], [tokens[:-block]]
         self.splits = {"train": np.concatenate(train), "val": np.concatenate(val)}
         if min(map(len, self.splits.values())) < seq_len + 1:
