@@ -142,7 +142,8 @@ _DATA = [
     _f("data.corpus", "stdlib", "stdlib | copy | random | a text file or folder | a prepared "
        "folder (python -m transformer prepare; docs/data.md)", CHANGE),
     _f("data.tokenizer", "byte", "byte | char | bpe", FIXED, TOKENIZERS),
-    _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: merges learned on the training text", FIXED,
+    _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: merges learned on the training text "
+       "(never the held-out blocks)", FIXED,
        check=lambda v: None if v >= 257 else
        "must be at least 257 (the 256 byte tokens plus one merge)"),
     _f("data.max_bytes", 4_000_000, "read at most this much text", CHANGE,

@@ -32,8 +32,16 @@ def load(config, tokenizer=None):
     if prepared.is_prepared(d.corpus):
         return _load_prepared(d.corpus, seq_len, tokenizer)
     text = corpus.read_corpus(d.corpus, d.max_bytes)
-    tokenizer = tokenizer or tokenizers.build(d.tokenizer, text, d.bpe_vocab_size)
-    source = batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
+    if (tokenizer.kind if tokenizer is not None else d.tokenizer) == "bpe":
+        # BPE's merges are statistics of the text: learned from the training blocks only, so
+        # the held-out text is new to it (the split is made on the text, before tokenizing).
+        train_text, val_text = batches.split_text(text, seq_len, d.val_fraction)
+        tokenizer = tokenizer or tokenizers.build("bpe", train_text, d.bpe_vocab_size)
+        source = batches.TokenStream(tokenizer.encode_array(train_text), seq_len,
+                                     d.val_fraction, val_tokens=tokenizer.encode_array(val_text))
+    else:  # bytes need nothing learned; a char tokenizer's alphabet is the whole corpus's
+        tokenizer = tokenizer or tokenizers.build(d.tokenizer, text, d.bpe_vocab_size)
+        source = batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
     source.read = text.read  # how much text from how many files (the run's data: line)
     return tokenizer, source
 

@@ -34,29 +34,52 @@ def _row_rngs(seed: int, split: str, index: int, batch_size: int, rows) -> list:
     return [np.random.default_rng([seed, _SPLITS[split], index, int(r)]) for r in rows]
 
 
+def split_blocks(seq, block: int, val_fraction: float) -> tuple[list, list]:
+    """(training pieces, held-out pieces) of `seq` (tokens or text) cut into blocks of `block`.
+    Block i is held out when the running count floor(i·f) steps up (f as a fraction p/q, in
+    integers): every k-th block for f = 1/k, and f of the blocks for any other f (0.3 holds
+    out 30 of 100, not every 3rd). Too short for one held-out block: the tail is held out."""
+    f = fractions.Fraction(val_fraction).limit_denominator(1000)
+    p, q = f.numerator, f.denominator
+    starts = range(0, len(seq), block)
+    held = [(i + 1) * p // q > i * p // q for i in range(len(starts))]
+    val = [seq[s:s + block] for s, h in zip(starts, held) if h]
+    train = [seq[s:s + block] for s, h in zip(starts, held) if not h]
+    if not val:
+        val, train = [seq[-block:]], [seq[:-block]]
+    return train, val
+
+
+def split_text(text: str, seq_len: int, val_fraction: float) -> tuple[str, str]:
+    """(training text, held-out text), blocks cut as TokenStream cuts tokens, so that a
+    tokenizer learned on the text (BPE) never sees the held-out part."""
+    train, val = split_blocks(text, max(seq_len + 1, len(text) // TokenStream.BLOCKS),
+                              val_fraction)
+    return "".join(train), "".join(val)
+
+
 class TokenStream:
     """Windows of a token array. Validation holds out `val_fraction` of the corpus as evenly
-    spread blocks (of about 100), so it samples the same mix of text as training rather than
-    whatever happens to sit at the end of the corpus. Block i is held out when the running
-    count floor(i·f) steps up (f as a fraction p/q, in integers): every k-th block for f = 1/k,
-    and f of the blocks for any other f (0.3 holds out 30 of 100, not every 3rd)."""
+    spread blocks (of about 100: split_blocks), so it samples the same mix of text as training
+    rather than whatever happens to sit at the end of the corpus."""
 
     BLOCKS = 100
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, val_fraction: float):
-        block = max(seq_len + 1, len(tokens) // self.BLOCKS)
-        f = fractions.Fraction(val_fraction).limit_denominator(1000)
-        starts = range(0, len(tokens), block)
-        held = [(i + 1) * f.numerator // f.denominator > i * f.numerator // f.denominator
-                for i in range(len(starts))]
-        val = [tokens[s:s + block] for s, h in zip(starts, held) if h]
-        train = [tokens[s:s + block] for s, h in zip(starts, held) if not h]
-        if not val:  # too short for one held-out block: hold out the tail instead
-            val, train = [tokens[-block:]], [tokens[:-block]]
+    def __init__(self, tokens: np.ndarray, seq_len: int, val_fraction: float,
+                 val_tokens: np.ndarray | None = None):
+        """`tokens` split into blocks here; or, with `val_tokens`, the two splits as given
+        (text split before tokenizing: split_text)."""
+        if val_tokens is None:
+            train, val = split_blocks(tokens, max(seq_len + 1, len(tokens) // self.BLOCKS),
+                                      val_fraction)
+            tokens_in = len(tokens)
+        else:
+            train, val = [tokens], [val_tokens]
+            tokens_in = len(tokens) + len(val_tokens)
         self.splits = {"train": np.concatenate(train), "val": np.concatenate(val)}
         if min(map(len, self.splits.values())) < seq_len + 1:
             raise CorpusError(
-                f"the corpus has {len(tokens)} tokens, too few for training and validation "
+                f"the corpus has {tokens_in} tokens, too few for training and validation "
                 f"windows of {seq_len + 1} tokens: give more text or a smaller model.max_seq_len")
         self.seq_len = seq_len
 
