@@ -124,7 +124,6 @@ def main(argv):
     from transformer.generate import text as textgen
     from transformer.parallel import sharding
     from transformer.train import run, start
-    from transformer.train import trainer as training
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     mesh = sharding.make_mesh(config.mesh)
     try:
@@ -142,7 +141,7 @@ def main(argv):
     s = config.sample
     try:
         [text] = textgen.sample_text(
-            training.ModelConfig.from_config(config), state.params, tokenizer, s.prompt,
+            config_lib.ModelConfig.from_config(config), state.params, tokenizer, s.prompt,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
             top_p=s.top_p, seed=config.train.seed, mesh=mesh, rules=sharding.axis_rules(config))
     except cli.USER_ERRORS as e:

@@ -16,13 +16,14 @@ from transformer.generate import decode
 from transformer.model import kernels
 from transformer.model.gpt import GPT, init_params
 from transformer.model.kernels import dense
+from transformer.train import step as step_lib
 from transformer.train import trainer as training
 
 
 def _loss_and_grads(config, params, tokens):
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
              "weights": jnp.ones(tokens[:, 1:].shape, jnp.float32)}
-    return jax.jit(jax.value_and_grad(training.loss_fn), static_argnums=2)(params, batch, config)
+    return jax.jit(jax.value_and_grad(step_lib.loss_fn), static_argnums=2)(params, batch, config)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def setup(tiny_config, tiny_params):
 def test_every_mode_has_the_same_parameters(tiny_config, tiny_params):
     for mode in kernels.MODES:
         config = dataclasses.replace(tiny_config, matmul=mode)
-        params = training.init_params(config, jax.random.key(0))
+        params = init_params(config, jax.random.key(0))
         assert jax.tree.structure(params) == jax.tree.structure(tiny_params)
         # Same initialisers and names: a checkpoint from one mode loads in any other.
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(tiny_params)):

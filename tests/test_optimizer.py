@@ -12,7 +12,7 @@ import pytest
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.model.gpt import init_params
 from transformer.train import optimizer
-from transformer.train import trainer as training
+from transformer.train import step as step_lib
 
 
 def _model(scan_layers):
@@ -145,20 +145,20 @@ def test_k_micro_batches_give_the_update_of_one_big_batch():
     model = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, d_ff=64,
                         max_seq_len=16, matmul="plain")
     opt = optimizer.make_optimizer(_train_config(grad_clip=1.0))
-    state = training.init_state(model, opt, 0)
+    state = step_lib.init_state(model, opt, 0)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 32, (8, 17))
     weights = (rng.random((8, 16)) < 0.7).astype(np.float32)
     weights[::4] = 0.0  # micro-batches count different numbers of targets
     weights[0, :3] = 1.0
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
-    grads = {k: jax.jit(lambda p, b, k=k: training.accumulated_grad(p, b, model, k))(
+    grads = {k: jax.jit(lambda p, b, k=k: step_lib.accumulated_grad(p, b, model, k))(
         state.params, batch) for k in (1, 4)}
     assert float(grads[4][0]) == pytest.approx(float(grads[1][0]), rel=1e-6)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads[1][1]))
     for a, b in zip(jax.tree.leaves(grads[1][1]), jax.tree.leaves(grads[4][1])):
         np.testing.assert_allclose(a, b, atol=1e-6 * scale, rtol=1e-5)
-    step = lambda k: jax.jit(lambda s, b: training.train_step(  # noqa: E731
+    step = lambda k: jax.jit(lambda s, b: step_lib.train_step(  # noqa: E731
         s, b, model_config=model, optimizer=opt, micro_batches=k))(state, batch)
     (_, m1), (_, m4) = step(1), step(4)
     assert float(m4["train_loss"]) == pytest.approx(float(m1["train_loss"]), rel=1e-6)
@@ -176,9 +176,9 @@ def test_the_accumulation_check_would_catch_an_unweighted_mean(monkeypatch):
     weights = np.ones((4, 16), np.float32)
     weights[1::2, 4:] = 0.0  # rows 1 and 3 (micro-batch 1 of 2) count 4 targets each
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
-    loss_full, _ = training.accumulated_grad(params, batch, model, 1)
+    loss_full, _ = step_lib.accumulated_grad(params, batch, model, 1)
     halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
-    unweighted = np.mean([float(training.loss_fn(params, h, model)) for h in halves])
+    unweighted = np.mean([float(step_lib.loss_fn(params, h, model)) for h in halves])
     assert abs(unweighted - float(loss_full)) > 100 * 1e-6 * float(loss_full)  # the tolerance above
 
 

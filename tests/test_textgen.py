@@ -76,8 +76,9 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     from pathlib import Path
 
     from transformer import config as config_lib
+    from transformer.config import ModelConfig
     from transformer.generate import text as textgen
-    from transformer.train import run, start, trainer
+    from transformer.train import run, start
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def add(a, b):\n    return a + b\n\n" * 300
@@ -90,7 +91,7 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     c.sample.max_new_tokens = 8
     state, tok = run.train(c, tmp_path / "run", log=lambda _: None, progress=False)
     assert tok.encode("\n") != tok.encode("\n    ")[:1]  # the newline is merged in BPE
-    model = trainer.ModelConfig.from_config(start.resolve(c, tok))
+    model = ModelConfig.from_config(start.resolve(c, tok))
     kwargs = dict(num_samples=6, max_new_tokens=60, temperature=1.0, seed=1)
     free = textgen.sample_text(model, state.params, tok, "def", **kwargs)
     assert sum(t.count("\n") > 1 for t in free) >= 3  # the samples do run over several lines

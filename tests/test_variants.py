@@ -18,6 +18,7 @@ from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.data import batches
 from transformer.generate import decode
 from transformer.model.gpt import GPT, init_params, stack_layers
+from transformer.train import step as step_lib
 from transformer.train import trainer as training
 
 V, T = 16, 16
@@ -120,11 +121,11 @@ def test_learns_the_copy_task(name):
     c.train.update(steps=steps, batch_size=B, lr=1e-2, warmup_steps=10, weight_decay=0.0)
     c.sample.max_new_tokens = 8
     trainer = training.Trainer.build(validate(c))
-    state = training.init_state(trainer.model_config, trainer.optimizer, 0)
+    state = step_lib.init_state(trainer.model_config, trainer.optimizer, 0)
     source = batches.CopyTask(V, T)
     data = jax.tree.map(lambda *xs: np.stack(xs),
                         *[source.batch(0, "train", s, B) for s in range(steps)])
-    step = functools.partial(training.train_step, model_config=trainer.model_config,
+    step = functools.partial(step_lib.train_step, model_config=trainer.model_config,
                              optimizer=trainer.optimizer)
     state, _ = jax.jit(lambda s, d: jax.lax.scan(step, s, d))(state, data)  # one compile
     loss = float(trainer.eval_fn(state.params, source.batch(0, "val", 0, 64)))

@@ -47,6 +47,7 @@ from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.generate import decode
 from transformer.model import flops, kernels
+from transformer.model.gpt import init_params
 from transformer.model.kernels import auto as matmul_auto
 from transformer.tools.bench_figures import (
     BenchResult,
@@ -376,7 +377,7 @@ def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchRes
     counter.phase = "other"
     # Decoding: a model with room for prompt + new tokens, random weights (speed only).
     dec_config = _decode_config(model_config, s.prompt_len, s.new_tokens)
-    params = training.init_params(dec_config, jax.random.key(t.seed))
+    params = init_params(dec_config, jax.random.key(t.seed))
     peer_dec = PeerModel(dec_config, t, dec_config.max_seq_len) if s.peer else None
     decode_figures = {b: _decode(dec_config, params, b, counter, peer_dec, s, log)
                       for b in (1, 8)}

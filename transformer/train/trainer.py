@@ -25,10 +25,9 @@ import optax
 
 from transformer.config import ModelConfig
 from transformer.model import kernels
-from transformer.model.gpt import count_params, init_params  # noqa: F401 (init_params: tests)
 from transformer.parallel import sharding
 from transformer.train.optimizer import make_optimizer
-from transformer.train.step import TrainState, accumulated_grad, init_state, loss_fn, train_step  # noqa: F401  (the step's names, importable from here)
+from transformer.train.step import TrainState, init_state, loss_fn, train_step
 
 
 def compute_precision(model_config: ModelConfig) -> str:
