@@ -26,7 +26,9 @@ figures aside).
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +47,9 @@ TAGS = {
 }
 
 
+_WRITERS = itertools.count()
+
+
 class Tracker(Protocol):
     def log(self, step: int, values: dict) -> None: ...
     def log_text(self, step: int, tag: str, text: str) -> None: ...
@@ -52,30 +57,60 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    """Scalars and text into tensorboardX event files in `logdir`."""
+    """Scalars and text into a tensorboardX event file in `logdir`, written synchronously.
+
+    tensorboardX's SummaryWriter hands events to a background thread, and its flush() does
+    not wait for that queue: a run SIGKILLed after a logging step could lose the step's events
+    although metrics.jsonl has it, and the resumed run, purging from its checkpoint on, never
+    writes them again (seen: a curve without step 8). So the events are written here, in the
+    caller's thread, with tensorboardX's own record writer, and flushed at every logging step;
+    `purge_step` writes what SummaryWriter writes for it (a file version and a SessionLog START
+    at that step)."""
 
     def __init__(self, logdir, purge_step: int | None = None):
-        from tensorboardX import SummaryWriter  # ~0.3 s to import: only runs that write pay
+        import os
 
-        self.writer = SummaryWriter(logdir=str(logdir), purge_step=purge_step,
-                                    flush_secs=10)
+        # ~0.3 s to import: only runs that write pay
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto import event_pb2
+
+        self._pb = event_pb2
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        # The name holds the second it was made: the pid and a per-process count keep two
+        # writers of one second (a run and its end-of-training sample) in two files.
+        suffix = f".{os.getpid()}.{next(_WRITERS)}"
+        self._events = EventsWriter(str(Path(logdir) / "events"), filename_suffix=suffix)
+        if purge_step is not None:
+            self._write(event_pb2.Event(step=purge_step, file_version="brain.Event:2"))
+            self._write(event_pb2.Event(step=purge_step, session_log=event_pb2.SessionLog(
+                status=event_pb2.SessionLog.START)))
+        self._events.flush()
+
+    def _write(self, event) -> None:
+        event.wall_time = time.time()
+        self._events.write_event(event)
 
     def log(self, step: int, values: dict) -> None:
+        from tensorboardX.summary import scalar
+
         for key, value in values.items():
             tag = TAGS.get(key)
             if tag is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             if math.isfinite(value):
-                self.writer.add_scalar(tag, float(value), global_step=int(step))
-        self.writer.flush()  # a logging step is rare: a kill loses nothing written
+                self._write(self._pb.Event(step=int(step), summary=scalar(tag, float(value))))
+        self._events.flush()  # a logging step is rare: a kill loses nothing written
 
     def log_text(self, step: int, tag: str, text: str) -> None:
+        from tensorboardX.summary import text as text_summary
+
         # TensorBoard renders text as Markdown: a code block keeps a sample's spaces and lines.
-        self.writer.add_text(tag, "```\n" + text + "\n```", global_step=int(step))
-        self.writer.flush()
+        self._write(self._pb.Event(step=int(step),
+                                   summary=text_summary(tag, "```\n" + text + "\n```")))
+        self._events.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        self._events.close()
 
 
 class Many:
