@@ -76,7 +76,7 @@ def decoded_split(folder: Path, split: str) -> list[str]:
     return [tok.decode(ids[:-1].tolist()) for ids in read_split(folder, split)]
 
 
-@pytest.mark.parametrize("kind", ["byte", "bpe"])
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
 def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_path):
     from tokenizers import Tokenizer
     docs = documents(120, seed=1)
@@ -186,7 +186,8 @@ BAD = [
     ("out exists", ["{T}/doc.txt", "--out={T}/exists"], "--overwrite"),
     ("overwrite what is not a dataset", ["{T}/doc.txt", "--out={T}/notes", "--overwrite"],
      "not a prepared dataset"),
-    ("char tokenizer", ["{T}/doc.txt", "--out={T}/o6", "--tokenizer=char"], "byte or bpe"),
+    ("unknown tokenizer", ["{T}/doc.txt", "--out={T}/o6", "--tokenizer=bytes"],
+     "expected byte, char, bpe or a tokenizer.json"),
     ("no inputs", ["--out={T}/o7"], "INPUT"),
     ("no --out", ["{T}/doc.txt"], "--out"),
     ("not a tokenizer file", ["{T}/doc.txt", "--out={T}/o8", "--tokenizer={T}/doc.txt"],

@@ -34,6 +34,7 @@ import os
 import queue
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -61,9 +62,11 @@ def is_val(text: str, val_fraction: float) -> bool:
     return int.from_bytes(digest, "little") < val_fraction * 2.0**64
 
 
-def build_tokenizer(kind: str, vocab_size: int, sample):
-    """The tokenizer, with an end-of-text id: byte (vocabulary 257), bpe learned from `sample`
-    (an iterable of training documents; called only for bpe), or a tokenizer.json file."""
+def build_tokenizer(kind: str, vocab_size: int, sample, documents=None):
+    """The tokenizer, with an end-of-text id: byte (vocabulary 257); bpe learned from
+    `sample()` (an iterable of training documents); char, whose alphabet is every character
+    of `documents()` (all of them, both splits: a character seen only in validation still
+    needs an id; it learns no statistics); or a tokenizer.json file."""
     if kind == "byte":
         return tokenizers.ByteTokenizer(eot=True)
     if kind == "bpe":
@@ -72,11 +75,16 @@ def build_tokenizer(kind: str, vocab_size: int, sample):
                               "(256 bytes, one merge, the end-of-text token)")
         return tokenizers.BPETokenizer.train(sample(), vocab_size, eot=True)
     if kind == "char":
-        raise CorpusError("--tokenizer=char: a char vocabulary is the whole corpus's characters, "
-                          "which a streamed set cannot know up front; use byte or bpe")
+        seen = set()
+        for text in documents():
+            seen.update(text)
+        if not seen:
+            raise CorpusError("no text in the input")  # (the same error as byte and bpe give)
+        return tokenizers.CharTokenizer("".join(sorted(seen)), eot=True)
     path = Path(kind).expanduser()
     if not path.is_file():
-        raise CorpusError(f"--tokenizer={kind}: expected byte, bpe or a tokenizer.json file")
+        raise CorpusError(f"--tokenizer={kind}: expected byte, char, bpe or a tokenizer.json "
+                          "file")
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -91,19 +99,34 @@ def build_tokenizer(kind: str, vocab_size: int, sample):
 
 
 class Encoder:
-    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads)."""
+    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads).
+    Byte and char ids come from NumPy directly (the tokenizer.json gives the same ids, ~4x
+    slower for char), except in a text holding the end token's string, which the tokenizer
+    itself encodes (as the end token)."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer.hf_tokenizer()
-        self.byte = tokenizer.kind == "byte"
+        self.kind = tokenizer.kind
+        if self.kind == "char":  # code point -> id
+            self.table = np.full(max(map(ord, tokenizer.chars)) + 1, -1, np.int64)
+            self.table[[ord(c) for c in tokenizer.chars]] = np.arange(len(tokenizer.chars))
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
-        if self.byte:  # the bytes themselves (the tokenizer.json gives the same ids, slower)
-            return [np.frombuffer(t.encode("utf-8", "surrogatepass"), np.uint8)
-                    if tokenizers.EOT not in t else np.asarray(self.tok.encode(t).ids)
-                    for t in texts]
+        if self.kind in ("byte", "char"):
+            return [self._direct(t) if tokenizers.EOT not in t
+                    else np.asarray(self.tok.encode(t).ids) for t in texts]
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
         return [np.asarray(e.ids) for e in encode(texts)]
+
+    def _direct(self, text: str) -> np.ndarray:
+        if self.kind == "byte":
+            return np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+        ids = self.table[np.minimum(codes, len(self.table) - 1)]
+        if (ids < 0).any() or (codes >= len(self.table)).any():
+            bad = text[int(np.argmax((ids < 0) | (codes >= len(self.table))))]
+            raise CorpusError(f"character {bad!r} is not in the char tokenizer's alphabet")
+        return ids
 
 
 class SplitWriter:
@@ -147,8 +170,8 @@ class SplitWriter:
 class Progress:
     """One line on stderr, redrawn twice a second: MB read, MB/s, ETA, tokens."""
 
-    def __init__(self, reader: Reader, enabled: bool):
-        self.reader, self.enabled = reader, enabled
+    def __init__(self, plan, enabled: bool):
+        self.plan, self.enabled = plan, enabled
         self.begin = self.last = time.perf_counter()
 
     def show(self, tokens: int, final: bool = False) -> None:
@@ -156,12 +179,32 @@ class Progress:
         if not self.enabled or (now - self.last < 0.5 and not final):
             return
         self.last = now
-        done, total = self.reader.done / 1e6, max(self.reader.total, 1) / 1e6
+        done, total = (x / 1e6 for x in self.plan.progress())
+        total = max(total, 1e-6)
         rate = done / max(now - self.begin, 1e-9)
         eta = (total - done) / rate if rate > 0 else 0.0
         print(f"\rprepare: {done:,.0f}/{total:,.0f} MB, {rate:.1f} MB/s, "
               f"ETA {eta:.0f}s, {tokens:,} tokens ", end="\n" if final else "",
               file=sys.stderr, flush=True)
+
+
+class HashSplit:
+    """The units of a Reader with their split by hash (is_val): what the command prepares."""
+
+    def __init__(self, reader: Reader, val_fraction: float):
+        self.reader, self.val_fraction = reader, val_fraction
+        files = reader.files
+        self.name = f"{' '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}"
+
+    def units(self):
+        for text, ends in self.reader.units():
+            yield text, ends, "val" if is_val(text, self.val_fraction) else "train"
+
+    def progress(self) -> tuple[int, int]:
+        return self.reader.done, self.reader.total
+
+    def skipped(self) -> dict:
+        return dict(self.reader.counts)
 
 
 def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
@@ -180,46 +223,68 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
                           "--overwrite replaces only those; choose another --out")
     inputs = [str(i) for i in inputs]
     files = expand(inputs)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    plan = lambda: HashSplit(Reader(files, text_field), val_fraction)  # noqa: E731
+    begin = time.perf_counter()
+    tok = build_tokenizer(tokenizer, vocab_size, lambda: training_sample(plan(), sample_bytes),
+                          lambda: (text for text, _, _ in plan().units()))
+    learned = time.perf_counter() - begin
+    extra = {"val_fraction": val_fraction, "text_field": text_field,
+             "inputs": inputs, "command": command,
+             "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
+                          "mtime": st.st_mtime} for p in files]}
+    return write(out, plan(), tok, tokenizer, sample_bytes, learned, extra, progress,
+                 shard_tokens, replace=True)
+
+
+def training_sample(plan, sample_bytes: int):
+    """The first `sample_bytes` of training text, in input order (what BPE learns from)."""
+    taken = 0
+    for text, _, split in plan.units():
+        if taken >= sample_bytes:
+            return
+        if split == "train":
+            taken += len(text)
+            yield text
+
+
+def write(out: Path, plan, tok, tokenizer_source: str, sample_bytes: int, learned: float,
+          extra: dict, progress: bool = False, shard_tokens: int = SHARD_TOKENS,
+          replace: bool = True) -> dict:
+    """Writes the folder `out` from `plan`'s units with `tok`, under a hidden temporary name
+    renamed when complete (manifest last). replace=True replaces an existing `out` (the
+    command's --overwrite, checked by the caller); replace=False leaves one that appeared
+    meanwhile (another process prepared the same set) and returns its manifest."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     try:
-        manifest = _write(files, tmp, tokenizer, vocab_size, text_field, val_fraction,
-                          sample_bytes, progress, shard_tokens)
-        manifest["inputs"] = [str(i) for i in inputs]
-        manifest["command"] = command
+        manifest = _write(plan, tmp, tok, tokenizer_source, sample_bytes, learned, progress,
+                          shard_tokens)
+        manifest.update(extra)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.exists():  # --overwrite: the old folder goes only once the new one is complete
+        if out.exists() and replace:  # the old folder goes only once the new one is complete
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if replace or not (out / "manifest.json").is_file():
+                raise
+            manifest = json.loads((out / "manifest.json").read_text())  # prepared meanwhile
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
-def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_fraction,
-           sample_bytes, progress, shard_tokens) -> dict:
-    def sample():  # the first `sample_bytes` of training text, in input order
-        taken = 0
-        for text, _ in Reader(files, text_field).units():
-            if taken >= sample_bytes:
-                return
-            if not is_val(text, val_fraction):
-                taken += len(text)
-                yield text
-
+def _write(plan, folder: Path, tok, tokenizer_source, sample_bytes, learned, progress,
+           shard_tokens) -> dict:
     begin = time.perf_counter()
-    tok = build_tokenizer(tokenizer_kind, vocab_size, sample)
-    learned = time.perf_counter()
     hf = tok.hf_tokenizer()
     hf.save(str(folder / "tokenizer.json"))
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
     writers = {s: SplitWriter(folder, s, dtype, shard_tokens) for s in SPLITS}
-    reader = Reader(files, text_field)
-    bar = Progress(reader, progress)
-    encode, eot = Encoder(tok), np.asarray([tok.eot])
-    for batch in _read_ahead(reader, val_fraction):
+    bar = Progress(plan, progress)
+    encode = Encoder(tok)
+    eot = np.asarray([] if tok.eot is None else [tok.eot], np.int64)
+    for batch in _read_ahead(plan):
         texts = [text for text, _, _ in batch]
         for ids, (text, ends, split) in zip(encode(texts), batch):
             if ends:
@@ -227,12 +292,10 @@ def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_frac
             writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")), ends)
         bar.show(sum(w.tokens for w in writers.values()))
     splits = {s: w.close() for s, w in writers.items()}
-    seconds = {"tokenizer": round(learned - begin, 2),
-               "encode": round(time.perf_counter() - learned, 2)}
+    seconds = {"tokenizer": round(learned, 2), "encode": round(time.perf_counter() - begin, 2)}
     bar.show(sum(s["tokens"] for s in splits.values()), final=True)
     if not splits["train"]["tokens"] + splits["val"]["tokens"]:
-        raise CorpusError(f"{' '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}: "
-                          "no text in the input")
+        raise CorpusError(f"{plan.name}: no text in the input")
     for s in SPLITS:
         if not splits[s]["pieces"]:
             raise CorpusError(f"no document fell in the {s} split ({splits['train']['pieces']} "
@@ -241,25 +304,23 @@ def _write(files, folder: Path, tokenizer_kind, vocab_size, text_field, val_frac
     return {"format": FORMAT,
             "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot": tok.eot,
                           "sha256": tokenizers.fingerprint(tok), "file": "tokenizer.json",
-                          "source": tokenizer_kind,
-                          "sample_bytes": sample_bytes if tokenizer_kind == "bpe" else None},
-            "dtype": np.dtype(dtype).name, "val_fraction": val_fraction,
-            "text_field": text_field, "splits": splits, "skipped": dict(reader.counts),
-            "seconds": seconds,
-            "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
-                         "mtime": st.st_mtime} for p in files]}
+                          "source": tokenizer_source,
+                          "sample_bytes": sample_bytes if tokenizer_source == "bpe" else None},
+            "dtype": np.dtype(dtype).name, "splits": splits, "skipped": plan.skipped(),
+            "seconds": seconds}
 
 
-def _read_ahead(reader: Reader, val_fraction: float):
-    """Batches of (text, ends_document, split) of about BATCH_CHARS, read on a thread (file
-    reading, JSON and hashing overlap the encoder); at most QUEUE_BATCHES wait."""
+def _read_ahead(plan):
+    """Batches of the plan's (text, ends_document, split) of about BATCH_CHARS, read on a
+    thread (file reading, JSON and hashing overlap the encoder); at most QUEUE_BATCHES wait."""
     batches, failure, stop = queue.Queue(QUEUE_BATCHES), [], threading.Event()
 
     def read():
         try:
             batch, size = [], 0
-            for text, ends in reader.units():
-                batch.append((text, ends, "val" if is_val(text, val_fraction) else "train"))
+            for unit in plan.units():
+                batch.append(unit)
+                text = unit[0]
                 size += len(text)
                 if size >= BATCH_CHARS:
                     if not _put(batches, batch, stop):

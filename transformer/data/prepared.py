@@ -53,11 +53,16 @@ def load_tokenizer(folder, manifest: dict):
     """The folder's tokenizer, as the project's tokenizer object (saved with checkpoints)."""
     spec = manifest["tokenizer"]
     if spec["kind"] == "byte":
-        tok = tokenizers.ByteTokenizer(eot=True)
+        tok = tokenizers.ByteTokenizer(eot=spec["eot"] is not None)
     else:
         from tokenizers import Tokenizer
         hf = Tokenizer.from_file(str(Path(folder).expanduser() / spec["file"]))
-        tok = tokenizers.BPETokenizer(hf, spec["eot"])
+        if spec["kind"] == "char":  # the characters in id order, the end token after them
+            vocab = sorted((i, t) for t, i in hf.get_vocab().items() if i != spec["eot"])
+            tok = tokenizers.CharTokenizer("".join(t for _, t in vocab),
+                                           eot=spec["eot"] is not None)
+        else:
+            tok = tokenizers.BPETokenizer(hf, spec["eot"])
     if tokenizers.fingerprint(tok) != spec["sha256"]:
         raise CorpusError(f"{folder}: tokenizer.json does not match the manifest's hash; "
                           "prepare the folder again")

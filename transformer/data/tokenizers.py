@@ -73,16 +73,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 class CharTokenizer:
     kind = "char"
 
-    def __init__(self, chars: str):
+    def __init__(self, chars: str, eot: bool = False):
         if not chars:
             raise TokenizerError("a char tokenizer needs at least one character")
         self.chars = chars
-        self.vocab_size = len(chars)
+        self.eot = len(chars) if eot else None  # the end-of-text id, after the characters
+        self.vocab_size = len(chars) + bool(eot)
         self._ids = {ch: i for i, ch in enumerate(chars)}
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        return cls("".join(sorted(set(text))))
+    def from_text(cls, text: str, eot: bool = False) -> "CharTokenizer":
+        return cls("".join(sorted(set(text))), eot)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -90,16 +91,28 @@ class CharTokenizer:
         except KeyError as e:
             raise TokenizerError(
                 f"character {e.args[0]!r} is not in this char tokenizer's vocabulary "
-                f"({self.vocab_size} characters seen in the training corpus)") from None
+                f"({len(self.chars)} characters seen in the training corpus)") from None
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int32)
 
     def decode(self, ids) -> str:
-        return "".join(self.chars[int(i)] for i in ids if 0 <= int(i) < self.vocab_size)
+        return "".join(self.chars[int(i)] for i in ids if 0 <= int(i) < len(self.chars))
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "chars": self.chars}
+        spec = {"kind": self.kind, "chars": self.chars}
+        return spec if self.eot is None else {**spec, "eot": self.eot}
+
+    def hf_tokenizer(self):
+        """The same encoding as a `tokenizers.Tokenizer`: every character a token of its own
+        (a BPE model with no merges over single characters), `<|endoftext|>` after them."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        tok = Tokenizer(models.BPE(vocab=dict(self._ids), merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        if self.eot is not None:
+            tok.add_special_tokens([EOT])
+        return tok
 
 
 class BPETokenizer:
@@ -167,7 +180,7 @@ def from_json(spec: dict):
     if kind == "byte":
         return ByteTokenizer(eot=spec.get("eot") is not None)
     if kind == "char":
-        return CharTokenizer(spec["chars"])
+        return CharTokenizer(spec["chars"], eot=spec.get("eot") is not None)
     if kind == "bpe":
         from tokenizers import Tokenizer
         try:

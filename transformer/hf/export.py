@@ -31,17 +31,11 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest
 
 def tokenizer_json(tokenizer) -> str:
     """The tokenizer as a `tokenizers` JSON that encodes and decodes exactly as ours does."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     if tokenizer.kind == "bpe":
         return tokenizer.to_json()["tokenizer"]
-    if tokenizer.kind == "byte":  # byte-level BPE without merges, plus <|endoftext|> if it has one
-        return tokenizer.hf_tokenizer().to_str()
-    # char: one token per character, id = its index; unknown characters are refused by both.
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tokenizer.chars)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return tok.to_str()
+    # byte: byte-level BPE without merges; char: one token per character, id = its index;
+    # either with <|endoftext|> after them when it has one.
+    return tokenizer.hf_tokenizer().to_str()
 
 
 def check_out(out) -> Path:
