@@ -72,6 +72,18 @@ def compilation_cache(tmp_path_factory):
     return cache
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory):
+    """One data cache (cache.py: text corpora named directly, prepared on first use) for this
+    session, shared by xdist workers and subprocesses like the compilation cache: a corpus
+    many tests train on is prepared once, and nothing is written to the user's ~/.cache."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["TRANSFORMER_CACHE"] = str(cache)
+    return cache
+
+
 @pytest.fixture(scope="session")
 def tiny_config() -> ModelConfig:
     # The float32 reference arithmetic, so that equalities (cached == full, sharded == single)

@@ -55,21 +55,32 @@ def test_a_bpe_run_saves_its_tokenizer_in_the_checkpoint(tmp_path):
 
 
 def test_bpe_is_learned_from_the_training_text_only(tmp_path):
-    """The held-out blocks (5 of 100 at val_fraction=0.05: blocks 19, 39, ..., 99) hold a word
-    the training blocks never use. Learned on the whole text (the old way) BPE merged it into
+    """The held-out documents (those whose hash falls below val_fraction) hold a word the
+    training documents never use. Learned on the whole text (the old way) BPE merged it into
     tokens, which flatters validation bits per byte; learned on the training text it has none."""
+    from test_prepare import read_split
+
     from transformer import data
-    blocks = ["zqxjv " * 400 if i % 20 == 19 else "the cat sat on a mat " * 115
-              for i in range(100)]
-    text = "".join(b[:2400].ljust(2400) for b in blocks)
-    (tmp_path / "corpus.txt").write_text(text)
+    from transformer.data.prepare import is_val
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    held, trained, k = 0, 0, 0
+    while held < 3 or trained < 60:
+        k += 1
+        word = "zqxjv " * 300 + str(k)
+        cat = "the cat sat on a mat " * 100 + str(k)
+        if held < 3 and is_val(word, 0.05):
+            (docs / f"w{k}.txt").write_text(word)
+            held += 1
+        if trained < 60 and not is_val(cat, 0.05):
+            (docs / f"c{k}.txt").write_text(cat)
+            trained += 1
     config = config_lib.base_config()
     config.model.update(max_seq_len=16, vocab_size=0)
-    config.data.update(corpus=str(tmp_path / "corpus.txt"), tokenizer="bpe", bpe_vocab_size=300,
-                       val_fraction=0.05)
+    config.data.update(corpus=str(docs), tokenizer="bpe", bpe_vocab_size=300, val_fraction=0.05)
     tokenizer, source = data.load(config_lib.validate(config))
     pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
     assert not [p for p in pieces if "zq" in p or "xj" in p], "merges learned on held-out text"
     assert any("cat" in p for p in pieces)  # it did learn the training text's merges
-    val_text = tokenizer.decode(source.splits["val"])
-    assert "zqxjv" in val_text and "cat" not in val_text  # the held-out blocks are those
+    val_text = "".join(tokenizer.decode(d) for d in read_split(source.folder, "val"))
+    assert "zqxjv" in val_text and "cat" not in val_text  # the held-out documents are those

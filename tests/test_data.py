@@ -5,7 +5,7 @@ import pytest
 
 from transformer import data
 from transformer.config import base_config
-from transformer.data import batches, corpus, tokenizers
+from transformer.data import batches, cache, corpus, tokenizers
 
 TEXT = "def f(x):\n    return x * 2  # 猫喜欢鱼 ✓\n"
 
@@ -28,9 +28,15 @@ def test_char_tokenizer_round_trips_and_names_unknown_characters():
     assert again.encode(TEXT) == tok.encode(TEXT)
 
 
+def read(corpus_name, max_bytes):
+    """The text a run reads of a corpus named directly, and what it says about it."""
+    text = cache.TextCorpus(corpus_name, max_bytes)
+    return "".join(t for t, _ in text.units()), text.read
+
+
 def test_stdlib_corpus_is_real_python_in_a_fixed_order():
-    a = corpus.read_corpus("stdlib", 200_000)
-    assert a == corpus.read_corpus("stdlib", 200_000)
+    a, _ = read("stdlib", 200_000)
+    assert a == read("stdlib", 200_000)[0]
     assert 190_000 <= len(a.encode("utf-8")) <= 200_000
     assert "def " in a and "import " in a
 
@@ -61,7 +67,7 @@ def test_corpus_from_a_folder_skips_binary_files(tmp_path):
     (tmp_path / "a.txt").write_text("hello ")
     (tmp_path / "b.bin").write_bytes(b"\x00\x01\x02")
     (tmp_path / "c.txt").write_text("world")
-    assert corpus.read_corpus(str(tmp_path), 1000) == "hello world"
+    assert read(str(tmp_path), 1000)[0] == "hello world"
 
 
 @pytest.mark.parametrize("setup,match", [
@@ -73,61 +79,12 @@ def test_bad_corpora_are_refused(tmp_path, setup, match):
     path = tmp_path / "corpus.txt"
     setup(path)
     with pytest.raises(data.CorpusError, match=match):
-        corpus.read_corpus(str(path), 1000)
+        read(str(path), 1000)
 
 
 def test_max_bytes_never_splits_a_character(tmp_path):
     (tmp_path / "zh.txt").write_text("猫喜欢鱼" * 10)
-    text = corpus.read_corpus(str(tmp_path / "zh.txt"), 10)  # 3 whole characters fit in 10 bytes
-    assert text == "猫喜欢"
-
-
-def test_batch_is_a_pure_function_of_seed_split_and_index():
-    stream = batches.TokenStream(np.arange(10_000) % 251, seq_len=32, val_fraction=0.1)
-    a = stream.batch(0, "train", 5, 4)
-    b = stream.batch(0, "train", 5, 4)
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key])
-    assert not np.array_equal(a["inputs"], stream.batch(0, "train", 6, 4)["inputs"])
-    assert not np.array_equal(a["inputs"], stream.batch(1, "train", 5, 4)["inputs"])
-    np.testing.assert_array_equal(a["inputs"][:, 1:], a["targets"][:, :-1])
-
-
-def test_validation_windows_never_overlap_training_text():
-    tokens = np.arange(100_000)  # every token unique: a window's values say where it came from
-    stream = batches.TokenStream(tokens, seq_len=16, val_fraction=0.1)
-    train, val = set(stream.splits["train"].tolist()), set(stream.splits["val"].tolist())
-    assert not train & val and len(train) + len(val) == len(tokens)
-    assert 0.08 < len(val) / len(tokens) < 0.12
-    assert min(val) < 20_000 and max(val) > 80_000  # spread through the corpus, not one end
-    for i in range(4):
-        assert set(stream.batch(0, "val", i, 8)["inputs"].ravel().tolist()) <= val
-        assert set(stream.batch(0, "train", i, 8)["inputs"].ravel().tolist()) <= train
-
-
-@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.3, 0.4, 0.6, 0.9])
-def test_validation_holds_out_the_fraction_asked(fraction):
-    """val_fraction=0.3 held out every 3rd block (33%) and anything >= 0.4 every 2nd (50%);
-    the held-out share is the fraction asked, to within a block of the ~100."""
-    tokens = np.arange(100_000)
-    stream = batches.TokenStream(tokens, seq_len=16, val_fraction=fraction)
-    share = len(stream.splits["val"]) / len(tokens)
-    assert abs(share - fraction) <= 0.011, share
-
-
-def test_one_in_k_fractions_keep_every_kth_block():
-    """f = 1/k still holds out blocks k-1, 2k-1, ...: the default run's split is unchanged."""
-    tokens = np.arange(100_000)
-    for k in (2, 10, 20):
-        stream = batches.TokenStream(tokens, seq_len=16, val_fraction=1 / k)
-        block = len(tokens) // batches.TokenStream.BLOCKS
-        starts = sorted(set((stream.splits["val"] // block).tolist()))
-        assert starts == list(range(k - 1, batches.TokenStream.BLOCKS, k)), k
-
-
-def test_a_corpus_shorter_than_one_sequence_is_refused():
-    with pytest.raises(data.CorpusError, match="too few"):
-        batches.TokenStream(np.arange(40), seq_len=32, val_fraction=0.1)
+    assert read(str(tmp_path / "zh.txt"), 10)[0] == "猫喜欢"  # 3 whole characters in 10 bytes
 
 
 def test_copy_task_repeats_its_first_half_and_counts_only_the_copy():
@@ -145,34 +102,55 @@ def test_load_builds_the_configured_tokenizer(tmp_path):
     c.model.max_seq_len = 16
     c.data.update(corpus=str(tmp_path / "t.txt"), tokenizer="char")
     tok, source = data.load(c)
-    assert tok.vocab_size == 3
-    assert source.batch(0, "train", 0, 2)["inputs"].max() < 3
+    assert tok.vocab_size == 4 and tok.eot == 3  # a, b, c and the end of text
+    assert source.batch(0, "train", 0, 2)["inputs"].max() < 4
 
 
 def test_reading_a_folder_says_how_much_text_came_from_how_many_files(tmp_path):
-    from transformer.data import corpus as corpus_lib
     (tmp_path / "a.txt").write_text("a" * 1000)
     (tmp_path / "b.bin").write_bytes(bytes(range(256)))
     (tmp_path / "c.txt").write_text("c" * 1000)
     (tmp_path / "d.txt").write_text("d" * 1000)
     (tmp_path / "e.txt").write_text("e" * 1000)
-    text = corpus_lib.read_corpus(str(tmp_path), max_bytes=1500)
+    text, r = read(str(tmp_path), max_bytes=1500)
     assert text == "a" * 1000 + "c" * 500
-    r = text.read
     assert (r.bytes, r.files, r.skipped, r.unused, r.full) == (1500, 2, 1, 2, True)
-    line = corpus_lib.describe(str(tmp_path), r)
+    line = corpus.describe(str(tmp_path), r)
     assert "1.5 KB of text from 2 files" in line and "data.max_bytes=1,500 reached" in line
     assert "2 more files unused" in line and "1 binary or unreadable files skipped" in line
-    whole = corpus_lib.read_corpus(str(tmp_path / "a.txt"), max_bytes=10_000).read
+    whole = read(str(tmp_path / "a.txt"), max_bytes=10_000)[1]
     assert (whole.files, whole.full, whole.skipped) == (1, False, 0)
     assert "reached" not in whole.describe()
 
 
-def test_read_corpus_reads_only_max_bytes_of_a_large_file(tmp_path, monkeypatch):
-    from pathlib import Path
+def test_a_corpus_named_directly_reads_only_max_bytes_of_a_large_file(tmp_path, monkeypatch):
+    """Not the whole file: what is read stays near max_bytes (plus one read-ahead of ~1 MB)
+    however large the file."""
+    import builtins
 
-    from transformer.data import corpus
+    from transformer.data import sources
     big = tmp_path / "big.txt"
-    big.write_text("abcdefghij\n" * 100_000)  # 1.1 MB; under max_bytes=100 only 100 bytes matter
-    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read the whole file"))
-    assert corpus.read_corpus(str(big), 100) == ("abcdefghij\n" * 10)[:100]
+    big.write_text("abcdefghij\n" * 2_000_000)  # 22 MB
+    got = []
+
+    class Counted:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            got.append(len(data))
+            return data
+
+        def tell(self):
+            return self.f.tell()
+
+    monkeypatch.setattr(sources, "open", lambda *a: Counted(builtins.open(*a)), raising=False)
+    assert read(str(big), 100)[0] == ("abcdefghij\n" * 10)[:100]
+    assert 0 < sum(got) <= 2_000_000, sum(got)

@@ -87,7 +87,9 @@ def test_derived_values_come_back_in_a_new_config():
     config = config_lib.validate(config_lib.replace(base_config(), **{"model.vocab_size": 0}))
     resolved = start.resolve(config, Tok())
     assert (config.model.vocab_size, resolved.model.vocab_size) == (0, 65)
-    assert sizes.model_config_of(config).vocab_size == 256 and config.model.vocab_size == 0
+    assert sizes.model_config_of(config).vocab_size == 257 and config.model.vocab_size == 0
+    synthetic = config_lib.replace(config, **{"data.corpus": "copy"})
+    assert sizes.model_config_of(synthetic).vocab_size == 256
 
 
 def test_resume_rules_follow_the_numerics():

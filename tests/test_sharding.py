@@ -86,9 +86,17 @@ def test_rules_table_validated_and_batch_claims_its_axes_first():
     assert tuple(nn.logical_to_mesh_axes(("embed", "mlp"), rules)) == ("fsdp", "tensor")
 
 
-@pytest.mark.parametrize("source", [batches.CopyTask(50, 16), batches.RandomTokens(50, 16),
-                                    batches.TokenStream(np.arange(500) % 97, 16, 0.1)])
-def test_any_rows_of_a_batch_can_be_built_alone(source):
+@pytest.mark.parametrize("kind", ["copy", "random", "text"])
+def test_any_rows_of_a_batch_can_be_built_alone(kind, tmp_path):
+    if kind == "text":  # a corpus named directly: prepared into the cache, read by windows
+        from transformer import data
+        (tmp_path / "t.txt").write_text("".join(f"line {i} of a small text\n" for i in range(400)))
+        config = base_config()
+        config.model.max_seq_len = 16
+        config.data.corpus = str(tmp_path / "t.txt")
+        source = data.load(config)[1]
+    else:
+        source = (batches.CopyTask if kind == "copy" else batches.RandomTokens)(50, 16)
     full = source.batch(3, "train", 7, 8)
     part = source.batch(3, "train", 7, 8, rows=[2, 3, 6])
     for key in full:
@@ -145,25 +153,32 @@ def test_sharded_meshes_match_one_device(tmp_path):
 
 def test_two_processes_match_one_process_of_four_devices(tmp_path):
     """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4."""
+    # A text corpus no process has seen: the three processes prepare it into one empty cache
+    # at once (one of them does, the others wait for it), then read their rows from it.
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(f"{i} green ideas sleep furiously\n" for i in range(2000)))
     args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
-            "--config.data.corpus=copy", "--config.train.steps=3", "--config.train.log_every=1",
+            f"--config.data.corpus={corpus}", "--config.train.steps=3", "--config.train.log_every=1",
             "--config.train.eval_every=3", "--config.train.eval_batches=1",
             "--config.train.ckpt_every=3", "--config.mesh.fsdp=2",
             "--config.sample.max_new_tokens=4"]
     port = free_port()
+    cache = {"TRANSFORMER_CACHE": str(tmp_path / "cache")}
     multi = [subprocess.Popen(args + [f"--workdir={tmp_path / 'multi'}",
                                       f"--coordinator_address=127.0.0.1:{port}",
                                       "--num_processes=2", f"--process_id={i}"],
-                              cwd=ROOT, env=simulated_devices_env(2), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+                              cwd=ROOT, env=simulated_devices_env(2, **cache),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
     single = subprocess.run(args + [f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
-                            env=simulated_devices_env(4), capture_output=True, text=True,
-                            timeout=600)
+                            env=simulated_devices_env(4, **cache), capture_output=True,
+                            text=True, timeout=600)
     outputs = [p.communicate(timeout=600) for p in multi]
     for p, (_, err) in zip(multi, outputs):
         assert p.returncode == 0, err[-3000:]
     assert single.returncode == 0, single.stderr[-3000:]
     assert "data 2 x fsdp 2 x tensor 1 over 4 cpu devices in 2 processes" in outputs[0][0]
+    assert len(list((tmp_path / "cache" / "prepared").iterdir())) == 1  # one set, no leftovers
     assert "sample" not in outputs[1][0] and "params:" not in outputs[1][0]  # process 0 speaks
 
     def losses(workdir):

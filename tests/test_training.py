@@ -69,23 +69,33 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_every_evaluation_reports_bits_per_byte_equal_to_nats_over_ln2_for_bytes(tmp_path):
+def test_every_evaluation_reports_bits_per_byte_of_the_held_out_text(tmp_path):
+    """Byte tokens plus one end-of-text token per document: val_bpb is nats / ln 2 times the
+    validation tokens per byte, counted here from the shards themselves."""
+    from test_prepare import read_split
+
+    from transformer import data
     from transformer.train.metrics import MetricsLog
     c = _config("stdlib", 4)
-    c.model.vocab_size = 256
+    c.model.vocab_size = 0
     c.data.update(tokenizer="byte", max_bytes=200_000)
     c.train.update(eval_every=2, eval_batches=1)
     _train(c, tmp_path)
+    val = np.concatenate(read_split(data.load(c)[1].folder, "val"))
+    ends = int((val == 256).sum())
+    assert ends >= 1
+    per_byte = len(val) / (len(val) - ends)  # every other token is a byte
     evals = [m for m in MetricsLog(tmp_path).read() if "val_loss" in m]
     assert [m["step"] for m in evals] == [2, 4]
     for m in evals:
-        assert m["val_bpb"] == m["val_loss"] / math.log(2)
+        assert m["val_bpb"] == pytest.approx(m["val_loss"] / math.log(2) * per_byte, rel=1e-12)
 
 
 def test_bits_per_byte_of_a_char_model_on_multibyte_text_matches_a_hand_count(tmp_path):
-    """A corpus of "aé你😀" (4 characters, 1+2+3+4 = 10 UTF-8 bytes) 1,000 times, held out in
-    blocks of 40 characters (a whole number of units): 0.4 tokens per byte exactly, so
-    val_bpb = val_loss / ln 2 · 0.4 (a byte-count slip, e.g. 1 byte per character, shows)."""
+    """A corpus of "aé你😀" (4 characters, 1+2+3+4 = 10 UTF-8 bytes) 1,000 times: one file too
+    small to split by document, so its last 10% (400 characters, 1,000 bytes) is held out, with
+    the file's end-of-text token: 401 tokens for 1,000 bytes, so val_bpb = val_loss / ln 2 ·
+    0.401 (a byte-count slip, e.g. 1 byte per character, shows)."""
     from transformer.train.metrics import MetricsLog
     corpus = tmp_path / "text.txt"
     corpus.write_text("aé你😀" * 1000, encoding="utf-8")
@@ -95,17 +105,19 @@ def test_bits_per_byte_of_a_char_model_on_multibyte_text_matches_a_hand_count(tm
     c.train.update(eval_every=2, eval_batches=1, batch_size=4)
     _train(c, tmp_path / "run")
     [m] = [m for m in MetricsLog(tmp_path / "run").read() if "val_loss" in m]
-    assert m["val_bpb"] == pytest.approx(m["val_loss"] / math.log(2) * 0.4, rel=1e-9)
+    assert m["val_bpb"] == pytest.approx(m["val_loss"] / math.log(2) * 0.401, rel=1e-9)
 
 
 def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
+    from test_prepare import read_split
+
     from transformer import data
     c = _config("stdlib", 1)
     c.model.update(vocab_size=0, max_seq_len=64)
     c.data.update(tokenizer="bpe", bpe_vocab_size=512, max_bytes=300_000)
     tokenizer, source = data.load(c)
-    val = source.splits["val"]
+    docs = read_split(source.folder, "val")
     ratio = data.tokens_per_byte(tokenizer, source)
-    text = tokenizer.decode(val)
-    assert ratio == pytest.approx(len(tokenizer.encode(text)) / len(text.encode()), rel=0.01)
+    text_bytes = sum(len(tokenizer.decode(d).encode()) for d in docs)
+    assert ratio == pytest.approx(sum(map(len, docs)) / text_bytes, rel=0.01)
     assert 0.2 < ratio < 0.8  # BPE merges bytes: fewer tokens than bytes

@@ -96,7 +96,7 @@ def test_maps_of_chinese_and_russian_draw_without_glyph_warnings(tmp_path, monke
 def _fake_run(workdir: Path):
     """A checkpoint as training writes it (untrained params), without running training."""
     c = base_config()
-    c.model.update(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+    c.model.update(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
     c.sample.max_new_tokens = 8
     c, _ = auto.resolve(c)  # a run saves the mode it trained in
     model_config = ModelConfig.from_config(c)

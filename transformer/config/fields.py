@@ -103,7 +103,8 @@ def _f(name, default, doc, resume, choices=(), check=None):
 
 
 _MODEL = [
-    _f("model.vocab_size", 256, "vocabulary size; 0: take it from the tokenizer", FIXED,
+    _f("model.vocab_size", 0, "vocabulary size; 0: the tokenizer's (byte: 257, the end-of-text "
+       "token included)", FIXED,
        check=lambda v: None if v >= 0 else "must be > 0, or 0 to take it from the tokenizer"),
     _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
     _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),
@@ -142,14 +143,14 @@ _DATA = [
     _f("data.corpus", "stdlib", "stdlib | copy | random | a text file or folder | a prepared "
        "folder (python -m transformer prepare; docs/data.md)", CHANGE),
     _f("data.tokenizer", "byte", "byte | char | bpe", FIXED, TOKENIZERS),
-    _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: merges learned on the training text "
-       "(never the held-out blocks)", FIXED,
-       check=lambda v: None if v >= 257 else
-       "must be at least 257 (the 256 byte tokens plus one merge)"),
+    _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: the vocabulary (end-of-text token "
+       "included), merges learned on training documents only", FIXED,
+       check=lambda v: None if v >= 258 else
+       "must be at least 258 (the 256 byte tokens, one merge, the end-of-text token)"),
     _f("data.max_bytes", 4_000_000, "read at most this much text", CHANGE,
        check=lambda v: None if v > 0 else "must be positive"),
-    _f("data.val_fraction", 0.05, "held out for validation (evenly spread blocks of a text "
-       "corpus; a prepared folder has its own split)", CHANGE,
+    _f("data.val_fraction", 0.05, "documents held out for validation, chosen by a hash of "
+       "their text (a prepared folder has its own split)", CHANGE,
        check=lambda v: None if 0.0 < v < 1.0 else "must be strictly between 0 and 1"),
 ]
 

@@ -1,22 +1,24 @@
 """The data room: text in, integer batches out. Knows nothing of the model.
 
     tokenizers.py  byte, char and BPE tokenizers (saved with every checkpoint as JSON)
-    corpus.py      corpora: the standard library's sources, files, folders, synthetic tasks
-    batches.py     a batch is a pure function of (seed, split, index, row)
+    corpus.py      the standard library's sources; what a run read, for its summary
+    batches.py     synthetic tasks; a batch is a pure function of (seed, split, index, row)
     sources.py     documents from files, folders, globs: Parquet, JSON Lines, text
     prepare.py     a corpus tokenized once into token shards + manifest (docs/data.md)
     prepared.py    reading a prepared folder: windows, each epoch a keyed permutation
+    cache.py       a corpus named directly, prepared on first use into a cache
 
 `load(config)` turns the `data` section of a config into (tokenizer, batch source): a prepared
 folder (its own tokenizer, its shards read window by window), a text corpus named directly
-(read into memory and tokenized whole: batches.TokenStream) or a synthetic task.
+(prepared into the cache on first use, then read as a prepared folder: one loader) or a
+synthetic task.
 May import: config/. Never: model/, train/ or anything above them.
 """
 
 from __future__ import annotations
 
 from transformer.config.fields import SYNTHETIC_CORPORA as SYNTHETIC  # declared with data.corpus
-from transformer.data import batches, corpus, prepared, tokenizers
+from transformer.data import batches, cache, corpus, prepared, tokenizers
 from transformer.data.corpus import CorpusError
 from transformer.data.tokenizers import TokenizerError
 
@@ -30,25 +32,13 @@ def load(config, tokenizer=None):
         task = batches.CopyTask if d.corpus == "copy" else batches.RandomTokens
         return tokenizer, task(vocab, seq_len)
     if prepared.is_prepared(d.corpus):
-        return _load_prepared(d.corpus, seq_len, tokenizer)
-    text = corpus.read_corpus(d.corpus, d.max_bytes)
-    if (tokenizer.kind if tokenizer is not None else d.tokenizer) == "bpe":
-        # BPE's merges are statistics of the text: learned from the training blocks only, so
-        # the held-out text is new to it (the split is made on the text, before tokenizing).
-        train_text, val_text = batches.split_text(text, seq_len, d.val_fraction)
-        tokenizer = tokenizer or tokenizers.build("bpe", train_text, d.bpe_vocab_size)
-        source = batches.TokenStream(tokenizer.encode_array(train_text), seq_len,
-                                     d.val_fraction, val_tokens=tokenizer.encode_array(val_text))
-    else:  # bytes need nothing learned; a char tokenizer's alphabet is the whole corpus's
-        tokenizer = tokenizer or tokenizers.build(d.tokenizer, text, d.bpe_vocab_size)
-        source = batches.TokenStream(tokenizer.encode_array(text), seq_len, d.val_fraction)
-    source.read = text.read  # how much text from how many files (the run's data: line)
-    return tokenizer, source
+        return _check_tokenizer(d.corpus, prepared.PreparedSet(d.corpus, seq_len), tokenizer)
+    # Text named directly: prepared once into the cache (cache.py), then read the same way.
+    return _check_tokenizer(d.corpus, cache.load(d, seq_len, tokenizer), tokenizer)
 
 
-def _load_prepared(folder, seq_len, tokenizer):
-    """The folder's tokenizer and windows; a resumed run's tokenizer must be the folder's."""
-    source = prepared.PreparedSet(folder, seq_len)
+def _check_tokenizer(folder, source, tokenizer):
+    """The set's tokenizer and the set; a resumed run's tokenizer must be the set's."""
     if tokenizer is not None and (tokenizers.fingerprint(tokenizer)
                                   != tokenizers.fingerprint(source.tokenizer)):
         raise CorpusError(
@@ -64,20 +54,17 @@ def describe(config, source) -> str:
     """What the run trains on, for the start-up summary."""
     if hasattr(source, "describe"):
         return source.describe(config)
-    return corpus.describe(config.data.corpus, getattr(source, "read", None))
+    return corpus.describe(config.data.corpus)
 
 
 def tokens_per_byte(tokenizer, source) -> float:
     """Tokens per UTF-8 byte of the validation text, what turns nats per token into bits per
-    byte. Byte tokens are bytes; otherwise the held-out tokens are decoded and their bytes
-    counted (a block boundary inside a character may miscount a byte or two)."""
+    byte: counted when the set was prepared (end tokens count, with no bytes); 1 for the
+    synthetic tasks (byte tokens)."""
     if hasattr(source, "tokens_per_byte"):
-        return source.tokens_per_byte()  # a prepared set counted them when it was written
-    if tokenizer.kind == "byte" or not hasattr(source, "splits"):
-        return 1.0  # the byte tokenizer, and the synthetic tasks (which use it)
-    val = source.splits["val"]
-    return len(val) / max(1, len(tokenizer.decode(val).encode("utf-8")))
+        return source.tokens_per_byte()
+    return 1.0
 
 
 __all__ = ["load", "describe", "tokens_per_byte", "CorpusError", "TokenizerError", "batches",
-           "corpus", "prepared", "tokenizers"]
+           "cache", "corpus", "prepared", "tokenizers"]

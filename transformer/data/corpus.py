@@ -1,9 +1,10 @@
-"""Where training text comes from. Nothing is downloaded.
+"""Where training text comes from, and what a run read of it. Nothing is downloaded.
 
 - `stdlib`: the `.py` sources of this Python's standard library, read in sorted path order:
   real text that every machine running this project already has.
-- a path: a text file, or every UTF-8 text file under a folder (sorted; binary files skipped).
+- a path: a text file, or every file under a folder (sorted; binary files skipped).
 
+Reading and tokenizing them is cache.py's (a corpus named directly) and prepare.py's.
 Synthetic tasks (copy, random) need no text; they live in `batches.py`.
 """
 
@@ -45,11 +46,6 @@ def _sorted_py_files(folder: Path) -> Iterator[Path]:
             yield path
 
 
-class Text(str):
-    """The corpus text, with `read`: what reading it found (`Read`)."""
-    read: Read
-
-
 @dataclasses.dataclass(frozen=True)
 class Read:
     """How much text came from how many files, and what was left out."""
@@ -72,56 +68,6 @@ class Read:
         if self.skipped:
             parts.append(f"{self.skipped:,} binary or unreadable files skipped")
         return ", ".join(parts)
-
-
-def read_corpus(corpus: str, max_bytes: int) -> Text:
-    """The text of `corpus` ('stdlib' or a path), at most max_bytes of UTF-8; its `read`
-    says how much came from how many files and what was skipped or left unused."""
-    if corpus == "stdlib":
-        files, name = stdlib_files(), "the Python standard library"
-    else:
-        path = Path(corpus).expanduser()
-        if not path.exists():
-            raise CorpusError(f"data.corpus={corpus!r}: no such file or folder "
-                              "(give a text file, a folder of text files, or stdlib/copy/random)")
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        name = str(path)
-    parts, size, skipped, unused, full = [], 0, 0, 0, False
-    for index, file in enumerate(files):
-        if size >= max_bytes:
-            full = True
-            unused = len(files) - index if isinstance(files, list) else None
-            break
-        try:
-            with open(file, "rb") as f:  # only what fits (and a byte to tell it was cut):
-                data = f.read(max_bytes - size + 1)  # a 50 GB file is not read whole
-        except OSError:
-            skipped += 1
-            continue
-        raw = data[: max_bytes - size]
-        full = full or len(raw) < len(data)
-        text = None if b"\0" in raw else _decode_prefix(raw)
-        if text is None:
-            skipped += 1
-            continue
-        parts.append(text)
-        size += len(text.encode("utf-8"))
-    text = Text("".join(parts))
-    if not text.strip():
-        what = "holds no UTF-8 text" if skipped else "is empty"
-        raise CorpusError(f"data.corpus={corpus!r}: {name} {what}")
-    text.read = Read(size, len(parts), skipped, unused, max_bytes, full)
-    return text
-
-
-def _decode_prefix(raw: bytes):
-    """Decodes raw, allowing only its last character to be cut short (by max_bytes)."""
-    for cut in range(0, min(4, len(raw) + 1)):
-        try:
-            return raw[: len(raw) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return None
 
 
 def describe(corpus: str, read: Read | None = None) -> str:

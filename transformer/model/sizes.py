@@ -15,6 +15,7 @@ import dataclasses
 import jax
 
 from transformer.config import ConfigError, ModelConfig
+from transformer.config.fields import SYNTHETIC_CORPORA
 from transformer.model import flops
 
 
@@ -27,7 +28,10 @@ def model_config_of(config) -> ModelConfig:
         if tokenizer == "char":
             raise ConfigError("model.vocab_size=0: the char tokenizer's size comes from the "
                               "corpus; pass --config.model.vocab_size=N to inspect it")
-        vocab = 256 if tokenizer == "byte" else config.data.bpe_vocab_size
+        # Text ends each document with an end-of-text token (byte: 256 + 1); the synthetic
+        # tasks draw plain bytes.
+        vocab = (config.data.bpe_vocab_size if tokenizer == "bpe" else
+                 256 if config.data.corpus in SYNTHETIC_CORPORA else 257)
         model = dataclasses.replace(model, vocab_size=vocab)
     return model
 

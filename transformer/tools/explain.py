@@ -37,7 +37,7 @@ TOLERANCE = 1e-5
 def small_model(seed: int = 0):
     """A randomly initialised model with head dim 8, so that Q, K and V fit on a line."""
     c = base_config()
-    c.model.update(d_model=32, n_layers=2, n_heads=4, d_ff=128, max_seq_len=32)
+    c.model.update(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=128, max_seq_len=32)
     c.sample.max_new_tokens = 16
     config = ModelConfig.from_config(validate(c))
     return config, init_params(config, jax.random.key(seed)), tokenizers.ByteTokenizer()
