@@ -3,6 +3,7 @@ runs end to end through the command line and a rerun skips what finished."""
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,19 +89,23 @@ def get_config():
 '''
 
 
-def _scaling(*args):
+def _scaling(*args, env=None):
     return subprocess.run([sys.executable, "-m", "transformer", "scaling", "--no_progress", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
     sweep_file = tmp_path / "tiny_sweep.py"
     sweep_file.write_text(TINY_SWEEP)
     workdir = tmp_path / "sweep"
-    first = _scaling(f"--sweep={sweep_file}", f"--workdir={workdir}")
+    first = _scaling(f"--sweep={sweep_file}", f"--workdir={workdir}",
+                     env={"TRANSFORMER_CACHE": str(tmp_path / "cache")})
     assert first.returncode == 0, first.stderr[-3000:]
     runs = sorted(p.parent.name for p in workdir.glob("*/result.json"))
     assert runs == ["L1-d16_tok1K", "L2-d32_tok1K", "L3-d48_tok1K"]
+    # The members share one tokenized set: prepared by the first, read by the others.
+    assert len(list((tmp_path / "cache" / "prepared").iterdir())) == 1
     for name in ("report.csv", "report.md", "fit.json", "loss_vs_params.png",
                  "loss_vs_compute.png", "loss_curves.png"):
         assert (workdir / name).stat().st_size > 0, name

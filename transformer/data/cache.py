@@ -176,8 +176,8 @@ class CachedSet(prepared.PreparedSet):
     def describe(self, config) -> str:
         how = (f"prepared just now ({self.prepared_in:.1f}s)" if self.prepared_in is not None
                else "prepared by an earlier run")
-        return (f"{corpus_lib.describe(self.corpus, self.read)}, {how} into the cache: "
-                f"{super().describe(config)}")
+        return super().describe(config, f"{corpus_lib.describe(self.corpus, self.read)}, "
+                                         f"{how} as {self.folder}")
 
 
 def load(data_config, seq_len: int, tokenizer=None) -> CachedSet:

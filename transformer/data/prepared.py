@@ -132,13 +132,15 @@ class PreparedSet:
         return {"inputs": window_BT1[:, :-1], "targets": window_BT1[:, 1:],
                 "weights": np.ones((len(w), T), np.float32)}
 
-    def describe(self, config) -> str:
-        """The set and what this run reads of it (epochs), for the start-up summary."""
+    def describe(self, config, name: str | None = None) -> str:
+        """The set (`name`, default "prepared set FOLDER") and what this run reads of it
+        (epochs), for the start-up summary."""
         t, T = config.train, self.seq_len
         train = self.windows["train"]
         epochs = t.steps * t.batch_size / train
         repeat = "; repeats data" if epochs > 1 else ""
-        return (f"prepared set {self.folder} ({self.tokens('train'):,} train tokens = "
+        name = name or f"prepared set {self.folder}"
+        return (f"{name} ({self.tokens('train'):,} train tokens = "
                 f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens); "
                 f"this run reads {epochs:.3g} epochs{repeat}")
 

@@ -138,9 +138,13 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     about a prompt longer than the context goes (default: stderr)."""
     stops = stop_strings(stop)
     prompt_ids = encode_prompt(tokenizer, prompt, model_config.max_seq_len, log)
-    eos_id = stop_id(tokenizer, stops)
+    # A sample ends where the model ends its document (the end-of-text token every document
+    # was trained with), as GPT-2 and OpenAI's API do; then the device's one end token is
+    # that, and stop strings are the host's to check.
+    eot = getattr(tokenizer, "eot", None)
+    eos_id = stop_id(tokenizer, stops) if eot is None else eot
     on_tokens = None
-    watch = stops if eos_id == -1 and mesh is None else []  # stops the host checks
+    watch = stops if (eot is not None or eos_id == -1) and mesh is None else []  # host checks
     if on_text is not None or watch:
         streams = [TextStream(tokenizer) for _ in range(num_samples if watch else 1)]
         cuts = [StopText(watch) for _ in streams]

@@ -52,7 +52,7 @@ class Job:
 class Choice:
     index: int
     text: str                 # what the client gets (the prompt first, with echo)
-    finish_reason: str        # "stop" (a stop string) or "length"
+    finish_reason: str        # "stop" (a stop string, or the end-of-text token) or "length"
     ids: list                 # the completion's tokens (within the text)
     logprobs: dict | None = None
 
@@ -64,12 +64,17 @@ class _Row:
 
     def __init__(self, tokenizer, stops):
         self.stream, self.stops = textgen.TextStream(tokenizer), stops
+        self.eot = getattr(tokenizer, "eot", None)
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.text, self.shown, self.ids, self.stopped = "", 0, [], False
 
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
+        if self.eot is not None and int(token) == self.eot:  # the model ended the document
+            self.text += self.stream.finish()
+            self.stopped = True
+            return self._advance(final=True)
         self.ids.append(int(token))
         self.text += self.stream.push(token)
         return self._advance(final=False)
@@ -197,10 +202,12 @@ class Engine:
             return True
 
         try:
+            eot = getattr(self.tokenizer, "eot", None)
             decode.generate(self.config, self.params, [ids] * request.n,
                             max_new_tokens=request.max_tokens, seed=request.seed,
                             temperature=request.temperature, top_k=request.top_k,
-                            top_p=request.top_p, on_tokens=on_tokens, budget=self.budget)
+                            top_p=request.top_p, eos_id=-1 if eot is None else eot,
+                            on_tokens=on_tokens, budget=self.budget)
         except decode.GenerationError as e:
             raise ApiError(str(e)) from e
 
