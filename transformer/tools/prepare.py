@@ -19,7 +19,7 @@ from transformer import cli
 from transformer.data import prepare as prepare_lib
 
 _OUT = flags.DEFINE_string("out", None, "The folder to write (refused if it exists).")
-_TOKENIZER = flags.DEFINE_string("tokenizer", "byte", "byte | bpe | a tokenizer.json file.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "byte", "byte | char | bpe | a tokenizer.json file.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192,
                               "bpe: the vocabulary, end-of-text token included.")
 _FIELD = flags.DEFINE_string("text_field", "text", "JSONL/Parquet: the field holding the text.")
