@@ -34,6 +34,9 @@ _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "How many samples.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 _STOP = flags.DEFINE_multi_string("stop", None, "End a sample before this text (e.g. a "
                                    "newline); repeat for several: the first match ends it.")
+_END_AT_EOT = flags.DEFINE_boolean("end_at_eot", True, "End a sample where the model makes "
+                                   "the end-of-text token (the end of a document); "
+                                   "--noend_at_eot goes on past it (the token is not printed).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _NO_STREAM = flags.DEFINE_boolean("no_stream", False, "Print a sample when it is complete, "
                                   "not as it is produced.")
@@ -63,7 +66,7 @@ def main(argv):
             model_config, params, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
             max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
             top_p=_TOP_P.value, seed=_SEED.value, stop=_STOP.value,
-            on_text=printer if stream else None)
+            end_at_eot=_END_AT_EOT.value, on_text=printer if stream else None)
     except KeyboardInterrupt:  # a long stream stops between chunks: end its line, exit 130
         if stream:
             printer.close()

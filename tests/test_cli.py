@@ -83,7 +83,8 @@ def test_ctrl_c_stops_a_long_streamed_sample_with_its_text_printed(trained):
     from conftest import ROOT
     workdir, _ = trained
     proc = subprocess.Popen([sys.executable, "sample.py", f"--workdir={workdir}", "--prompt=def ",
-                             "--max_new_tokens=100000000", "--seed=0"], cwd=ROOT, text=True,
+                             "--max_new_tokens=100000000", "--seed=0", "--noend_at_eot"],
+                            cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

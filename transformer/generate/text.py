@@ -125,8 +125,8 @@ def stop_id(tokenizer, stop) -> int:
 
 def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, num_samples: int = 1,
                 max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0, seed: int = 0, stop=None, mesh=None,
-                rules=None, on_text=None, log=None) -> list[str]:
+                top_p: float = 1.0, seed: int = 0, stop=None, end_at_eot: bool = True,
+                mesh=None, rules=None, on_text=None, log=None) -> list[str]:
     """`num_samples` continuations of `prompt` (decoded in one batch). Raises PromptError or
     TokenizerError for a prompt that cannot be used. `stop`: a string or a list of strings;
     each sample ends before the first match of any (OpenAI's `stop`). A single character that
@@ -134,6 +134,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     on the host as tokens stream out (every decode.STREAM_EVERY tokens), and the device stops
     a row within that many tokens of its match (on a mesh, samples are only cut afterwards).
     `on_text(piece)`: called with sample 0's text as it is produced (one device only).
+    `end_at_eot`: a sample also ends where the model makes the tokenizer's end-of-text token.
     `mesh`, `rules`: decode on a device mesh (see decode.generate). `log`: where the notice
     about a prompt longer than the context goes (default: stderr)."""
     stops = stop_strings(stop)
@@ -141,7 +142,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     # A sample ends where the model ends its document (the end-of-text token every document
     # was trained with), as GPT-2 and OpenAI's API do; then the device's one end token is
     # that, and stop strings are the host's to check.
-    eot = getattr(tokenizer, "eot", None)
+    eot = getattr(tokenizer, "eot", None) if end_at_eot else None
     eos_id = stop_id(tokenizer, stops) if eot is None else eot
     on_tokens = None
     watch = stops if (eot is not None or eos_id == -1) and mesh is None else []  # host checks
