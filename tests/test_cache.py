@@ -156,3 +156,23 @@ def test_the_summary_and_a_batch_of_the_quick_start_corpus(own_cache):
     assert tok.vocab_size == 257
     batch = source.batch(0, "train", 0, 4)
     np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+
+
+def test_the_cache_command_lists_the_sets_and_clear_deletes_them(tmp_path, own_cache):
+    from conftest import run_cli
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(documents(40, seed=9)))
+    _, source = data.load(config_for(corpus))
+    leftover = own_cache / "prepared" / ".text.txt-byte-x.partial-999999999-abc"  # a dead pid
+    leftover.mkdir()
+    env = {"TRANSFORMER_CACHE": str(own_cache)}
+    listed = run_cli("-m", "transformer", "cache", env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert f"data cache: {own_cache / 'prepared'} (2 prepared sets" in listed.stdout
+    assert source.folder.name in listed.stdout and "byte vocabulary 257" in listed.stdout
+    assert "incomplete" in listed.stdout
+    cleared = run_cli("-m", "transformer", "cache", "--clear", env=env, timeout=60)
+    assert cleared.returncode == 0 and "deleted 2 prepared sets" in cleared.stdout
+    assert list((own_cache / "prepared").iterdir()) == []
+    _, again = data.load(config_for(corpus))  # what a later run does: prepared again
+    assert again.folder == source.folder and again.prepared_in is not None

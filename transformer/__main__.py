@@ -26,6 +26,7 @@ import sys
 COMMANDS = {
     "fields": ("transformer.tools.fields", "every config field: default, allowed values, meaning"),
     "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
+    "cache": ("transformer.tools.cache", "the data cache of corpora named directly: list, clear"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),
     "scaling": ("transformer.scaling", "train a sweep, report and fit it"),
     "plot": ("transformer.scaling.plot", "loss curves of runs (PNG)"),
