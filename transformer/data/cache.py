@@ -205,7 +205,7 @@ def load(data_config, seq_len: int, tokenizer=None) -> CachedSet:
     try:
         return CachedSet(folder, seq_len, d.corpus, text.read, prepared_in)
     except CorpusError as e:
-        raise CorpusError(str(e).replace(f"{folder}: ", f"data.corpus={d.corpus!r} ")
+        raise CorpusError(str(e).replace(f"{folder}: ", f"data.corpus={d.corpus!r}: ")
                           .replace("prepare more text", "give more text")) from None
 
 
