@@ -70,7 +70,7 @@ def load_tokenizer(folder, manifest: dict):
 
 
 class PreparedSet:
-    """Batches of windows from a prepared folder (the same `batch` as batches.TokenStream)."""
+    """Batches of windows from a prepared folder (the same `batch` as the synthetic tasks)."""
 
     def __init__(self, folder, seq_len: int):
         self.folder = Path(folder).expanduser()
