@@ -151,6 +151,25 @@ def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
     assert theirs.decode(tok.encode(sample)) == sample
 
 
+def test_an_exported_end_of_text_token_ends_hf_generation_where_ours_ends(tmp_path):
+    """A model trained with end-of-text tokens exports them as eos: transformers' generate
+    stops at the same token our sampler stops at, and its tokenizer names it."""
+    import transformers
+    tok = tokenizers.ByteTokenizer(eot=True)
+    mc = ModelConfig(**{**BASE, "vocab_size": 257})
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
+    assert transformers.AutoConfig.from_pretrained(out).eos_token_id == tok.eot == 256
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.generation_config.eos_token_id == 256
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert theirs.eos_token == tokenizers.EOT and theirs.eos_token_id == 256
+    assert hf_import.load_pretrained(out)[2].eot == 256  # sample.py --hf stops there too
+    char = tokenizers.CharTokenizer.from_text("abc\n", eot=True)
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), char, tmp_path / "c")
+    back = hf_import.load_pretrained(out)[2]
+    assert (back.kind, back.eot, back.chars) == ("char", 4, char.chars)
+
+
 def save_run(workdir, config, params):
     config_lib.validate(config)
     ckpts = checkpoint.Checkpoints(workdir)

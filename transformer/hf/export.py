@@ -55,13 +55,18 @@ def write_folder(model_config: ModelConfig, params, tokenizer, out) -> Path:
     config_json = hf.hf_config(model_config)  # refuses an unsupported variant
     tensors = hf_weights.to_hf(model_config, unstack_layers(params, model_config.n_layers))
     tok_json = tokenizer_json(tokenizer)
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                  "model_max_length": model_config.max_seq_len,
+                  "clean_up_tokenization_spaces": False}
+    eot = getattr(tokenizer, "eot", None)
+    if eot is not None:  # generate() then ends a sample where sample.py does
+        config_json["eos_token_id"] = eot
+        tok_config["eos_token"] = tokenizer.hf_tokenizer().id_to_token(eot)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     (out / "tokenizer.json").write_text(tok_json)
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
-         model_config.max_seq_len, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     return out
 
 

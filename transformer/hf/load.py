@@ -79,11 +79,15 @@ def _exported_kind(spec: dict):
     if model.get("type") != "BPE" or model.get("merges"):
         return None
     vocab, pre = model.get("vocab") or {}, (spec.get("pre_tokenizer") or {}).get("type")
+    added = {t.get("content"): t.get("id") for t in spec.get("added_tokens") or []}
+    eot = added.get(tokenizers.EOT) == len(vocab)  # the end-of-text id right after the rest
+    if set(added) - {tokenizers.EOT} or (added and not eot):
+        return None
     if pre == "ByteLevel" and vocab == {ch: b for b, ch in enumerate(hf.byte_alphabet())}:
-        return tokenizers.ByteTokenizer()
+        return tokenizers.ByteTokenizer(eot=eot)
     if pre == "Split" and vocab and sorted(vocab.values()) == list(range(len(vocab))) \
             and all(len(ch) == 1 for ch in vocab):
-        return tokenizers.CharTokenizer("".join(sorted(vocab, key=vocab.get)))
+        return tokenizers.CharTokenizer("".join(sorted(vocab, key=vocab.get)), eot=eot)
     return None
 
 

@@ -61,7 +61,8 @@ def family(mc: ModelConfig, what: str = "cannot export to Hugging Face format") 
 
 
 def hf_config(mc: ModelConfig) -> dict:
-    """config.json for `mc` (float32 weights; no special tokens: generation stops at a length)."""
+    """config.json for `mc` (float32 weights; no special tokens: export.py adds the end of
+    text when the tokenizer has one)."""
     common = {"vocab_size": mc.vocab_size, "tie_word_embeddings": mc.tie_embeddings,
               "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
               "dtype": "float32", "torch_dtype": "float32", "use_cache": True}
