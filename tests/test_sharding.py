@@ -190,3 +190,19 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
     assert len(multi_losses) == 3  # one writer: no line twice
     np.testing.assert_allclose(multi_losses, single_losses, atol=1e-5, rtol=0)
     assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
+
+
+def test_a_vocabulary_the_mesh_cannot_split_evenly_is_refused_naming_the_padded_size():
+    """257 ids (256 bytes and the end-of-text token) on mesh.tensor=2: the error names the
+    padded size that fits, and that size (or keeping the vocabulary whole) is accepted."""
+    from types import SimpleNamespace
+
+    from transformer import config as config_lib
+    from transformer.config import ConfigError
+    mesh = SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 2})
+    config = config_lib.replace(base_config(), **{"model.vocab_size": 257})
+    with pytest.raises(ConfigError, match=r"--config\.model\.vocab_size=258 .*rules\.vocab="):
+        sharding.check_fits(config, mesh)
+    sharding.check_fits(config_lib.replace(config, **{"model.vocab_size": 258}), mesh)
+    whole = config_lib.replace(config, **{"mesh.rules.vocab": ""})
+    sharding.check_fits(whole, mesh)

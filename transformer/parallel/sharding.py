@@ -108,8 +108,13 @@ def check_fits(config, mesh: Mesh) -> None:
                     f"a multiple of 8: {size})")
         if size and size % n:
             axes = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in dict(rules)[logical])
+            fix = f"change {field} or the mesh"
+            if logical == "vocab":  # padding rows are harmless: no token ever has those ids
+                fix = (f"pad it, --config.model.vocab_size={-(-size // n) * n} (ids past the "
+                       "tokenizer's are never used), or keep the vocabulary whole with "
+                       "--config.mesh.rules.vocab=")
             raise ConfigError(f"{what} is not divisible by {n} ({axes}, which split "
-                              f"the '{logical}' axis): change {field} or the mesh")
+                              f"the '{logical}' axis): {fix}")
     if config.train.batch_size % jax.process_count():
         raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by the "
                           f"{jax.process_count()} processes: each must hold a whole share")
