@@ -12,7 +12,7 @@ from transformer.config import base_config
 
 def get_config():
     c = base_config()
-    c.model.update(vocab_size=256, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+    c.model.update(vocab_size=0, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
                    max_seq_len=1024)
     c.data.max_bytes = 4_000_000
     c.train.update(batch_size=16, lr=6e-4, warmup_steps=2, eval_batches=2)

@@ -68,3 +68,20 @@ def test_wrong_types_are_refused():
         c.model._fields["n_heads"] = "four"  # bypass ConfigDict's own type check
     with pytest.raises(ConfigError, match="model.n_heads='four': must be of type int"):
         validate(c)
+
+
+@pytest.mark.parametrize("name", ["default", "tiny", "bench", "char_small", "gpt2_small"])
+def test_every_shipped_config_starts_on_its_own_data(name, tmp_path, monkeypatch):
+    """The config as shipped, its data read and its vocabulary resolved as train.py and the
+    bench do (not trained): a vocab_size that no longer fits the tokenizer (256 once text had an
+    end-of-text token) is caught here, not by a user."""
+    import importlib
+
+    from transformer import data
+    from transformer.train import start
+    config = importlib.import_module(f"configs.{name}").get_config()
+    config.data.max_bytes = min(config.data.max_bytes, 300_000)  # what is read, not the shape
+    config = validate(config)
+    tokenizer, _ = data.load(config)
+    resolved = start.resolve(config, tokenizer)
+    assert resolved.model.vocab_size >= tokenizer.vocab_size
