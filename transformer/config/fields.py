@@ -140,8 +140,9 @@ _MODEL = [
 ]
 
 _DATA = [
-    _f("data.corpus", "stdlib", "stdlib | copy | random | a text file or folder | a prepared "
-       "folder (python -m transformer prepare; docs/data.md)", CHANGE),
+    _f("data.corpus", "stdlib", "stdlib | copy | random | a text file or folder (prepared into "
+       "the data cache on first use) | a prepared folder (python -m transformer prepare; "
+       "docs/data.md)", CHANGE),
     _f("data.tokenizer", "byte", "byte | char | bpe", FIXED, TOKENIZERS),
     _f("data.bpe_vocab_size", 1024, "tokenizer=bpe: the vocabulary (end-of-text token "
        "included), merges learned on training documents only", FIXED,
