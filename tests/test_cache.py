@@ -13,7 +13,7 @@ from test_prepare import documents, read_split
 
 from transformer import data
 from transformer.config import base_config
-from transformer.data import prepare, prepared, tokenizers
+from transformer.data import cache, prepare, prepared, tokenizers
 
 
 def config_for(corpus, tokenizer="byte", max_bytes=4_000_000, seq_len=16):
@@ -176,3 +176,26 @@ def test_the_cache_command_lists_the_sets_and_clear_deletes_them(tmp_path, own_c
     assert list((own_cache / "prepared").iterdir()) == []
     _, again = data.load(config_for(corpus))  # what a later run does: prepared again
     assert again.folder == source.folder and again.prepared_in is not None
+
+
+@pytest.mark.parametrize("change", ["edit", "append"])
+def test_text_that_changes_while_it_is_prepared_leaves_no_folder(change, tmp_path, own_cache,
+                                                                monkeypatch):
+    """The fingerprint pass reads one text, the prepare another (a file edited or grown in
+    between): refused in one line, and no folder claims a key its tokens do not match."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(documents(40, seed=10)))
+    units, passes = cache.TextCorpus.units, []
+
+    def changing(self):
+        passes.append(1)
+        for i, (text, ends) in enumerate(units(self)):
+            yield (text.replace("e", "E") if change == "edit" and len(passes) > 1 and i == 0
+                   else text), ends
+        if change == "append" and len(passes) > 1:
+            yield "one more document", True
+
+    monkeypatch.setattr(cache.TextCorpus, "units", changing)
+    with pytest.raises(data.CorpusError, match="changed while it was read"):
+        data.load(config_for(corpus))
+    assert [p for p in (own_cache / "prepared").iterdir() if not p.name.startswith(".")] == []

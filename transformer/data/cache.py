@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -118,29 +119,36 @@ class Plan:
 
     def scan(self, settings: dict) -> str:
         """Reads the corpus once: its split, and the key of (text, settings)."""
-        key = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=16)
+        self._settings = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(),
+                                         digest_size=16)
+        key = self._settings.copy()
         lengths, val = [], []
         for text, ends in self.text.units():
-            raw = text.encode("utf-8", "surrogatepass")
-            key.update(len(raw).to_bytes(8, "little") + raw + bytes([ends]))
+            _update(key, text, ends)
             lengths.append(len(text))
             val.append(prepare.is_val(text, self.val_fraction))
-        self.total = self.text.done
+        self.total, self.key = self.text.done, key.hexdigest()
         self.splits = (["val" if v else "train" for v in val] if 0 < sum(val) < len(val)
                        else _tail(lengths, self.val_fraction))
-        return key.hexdigest()
+        return self.key
 
     def units(self):
-        """(text, ends, split), a unit cut in two where the split is a number (the cut)."""
-        count = 0
-        for (text, ends), split in zip(self.text.units(), self.splits, strict=False):
-            count += 1
+        """(text, ends, split), a unit cut in two where the split is a number (the cut). The
+        text is fingerprinted again as it goes: text that changed since `scan` is an error
+        before the folder is complete, so a folder always holds what its key says."""
+        key, changed = self._settings.copy(), False
+        for unit, split in itertools.zip_longest(self.text.units(), self.splits):
+            if unit is None or split is None:  # another number of units
+                changed = True
+                break
+            text, ends = unit
+            _update(key, text, ends)
             if isinstance(split, str):
                 yield text, ends, split
             else:
                 yield text[:split], False, "train"
                 yield text[split:], ends, "val"
-        if count != len(self.splits):
+        if changed or key.hexdigest() != self.key:
             raise CorpusError(f"{self.name}: the text changed while it was read; start again")
 
     def progress(self) -> tuple[int, int]:
@@ -148,6 +156,11 @@ class Plan:
 
     def skipped(self) -> dict:
         return {"skipped_files": self.text.read.skipped} if self.text.read.skipped else {}
+
+
+def _update(key, text: str, ends: bool) -> None:
+    raw = text.encode("utf-8", "surrogatepass")
+    key.update(len(raw).to_bytes(8, "little") + raw + bytes([ends]))
 
 
 def _tail(lengths: list[int], val_fraction: float) -> list:
