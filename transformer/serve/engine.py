@@ -58,39 +58,37 @@ class Choice:
 
 
 class _Row:
-    """One choice's text as its tokens come: cut at the first stop string, and never show
-    text that a stop string may still turn out to begin (the last len(stop)-1 characters
-    are held back until the next token or the end)."""
+    """One choice's text as its tokens come: sample_text's own pieces (a TextStream for whole
+    characters, a StopText that cuts at the first stop string and holds back a tail that may
+    begin one), ended also by the end-of-text token. `text` is the choice's text so far."""
 
     def __init__(self, tokenizer, stops):
-        self.stream, self.stops = textgen.TextStream(tokenizer), stops
+        self.stream, self.cut = textgen.TextStream(tokenizer), textgen.StopText(stops)
         self.eot = getattr(tokenizer, "eot", None)
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text, self.shown, self.ids, self.stopped = "", 0, [], False
+        self.ids, self.ended = [], False
+
+    @property
+    def stopped(self) -> bool:
+        return self.ended or self.cut.stopped
+
+    @property
+    def text(self) -> str:
+        return self.cut.text[:self.cut.shown]
 
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
         if self.eot is not None and int(token) == self.eot:  # the model ended the document
-            self.text += self.stream.finish()
-            self.stopped = True
-            return self._advance(final=True)
+            piece = self.finish()
+            self.ended = True
+            return piece
         self.ids.append(int(token))
-        self.text += self.stream.push(token)
-        return self._advance(final=False)
+        return self.cut.push(self.stream.push(token))
 
     def finish(self) -> str:
-        if not self.stopped:
-            self.text += self.stream.finish()
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.text, self.stopped, final = self.text[:min(hits)], True, True
-        end = len(self.text) if final else max(self.shown, len(self.text) - self.hold)
-        piece, self.shown = self.text[self.shown:end], end
-        return piece
+        if self.stopped:
+            return ""
+        return self.cut.push(self.stream.finish()) + self.cut.finish()
 
 
 class Engine:
