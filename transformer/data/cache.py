@@ -124,9 +124,9 @@ class Plan:
         key = self._settings.copy()
         lengths, val = [], []
         for text, ends in self.text.units():
-            _update(key, text, ends)
+            raw = _update(key, text, ends)
             lengths.append(len(text))
-            val.append(prepare.is_val(text, self.val_fraction))
+            val.append(prepare.is_val(raw, self.val_fraction))
         self.total, self.key = self.text.done, key.hexdigest()
         self.splits = (["val" if v else "train" for v in val] if 0 < sum(val) < len(val)
                        else _tail(lengths, self.val_fraction))
@@ -158,9 +158,13 @@ class Plan:
         return {"skipped_files": self.text.read.skipped} if self.text.read.skipped else {}
 
 
-def _update(key, text: str, ends: bool) -> None:
+def _update(key, text: str, ends: bool) -> bytes:
+    """Adds a unit to the fingerprint `key`; its UTF-8."""
     raw = text.encode("utf-8", "surrogatepass")
-    key.update(len(raw).to_bytes(8, "little") + raw + bytes([ends]))
+    key.update(len(raw).to_bytes(8, "little"))
+    key.update(raw)
+    key.update(bytes([ends]))
+    return raw
 
 
 def _tail(lengths: list[int], val_fraction: float) -> list:

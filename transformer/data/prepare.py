@@ -54,11 +54,12 @@ SPLITS = ("train", "val")
 _EOT_NAMES = (tokenizers.EOT, "</s>", "<|end_of_text|>", "<eos>")  # a given tokenizer's own EOT
 
 
-def is_val(text: str, val_fraction: float) -> bool:
-    """The split of a document: the first 8 bytes of its BLAKE2b hash as a fraction of 2^64.
-    Depends on the text alone, so adding documents never moves one (and a larger fraction
-    only moves training documents into validation)."""
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+def is_val(text: str | bytes, val_fraction: float) -> bool:
+    """The split of a document: the first 8 bytes of the BLAKE2b hash of its UTF-8 (`text`,
+    or already encoded) as a fraction of 2^64. Depends on the text alone, so adding documents
+    never moves one (and a larger fraction only moves training documents into validation)."""
+    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(raw, digest_size=8).digest()
     return int.from_bytes(digest, "little") < val_fraction * 2.0**64
 
 

@@ -96,17 +96,17 @@ class Reader:
                 self.counts["skipped_files"] += 1  # binary, or not UTF-8
                 return
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            buf = ""
-            while raw:
-                buf += decoder.decode(raw)
-                while len(buf) >= 2 * PIECE_CHARS:
-                    cut = _cut(buf, PIECE_CHARS)
-                    yield buf[:cut], False
-                    buf = buf[cut:]
+            buf, pos = "", 0  # pieces are taken from pos on: the ~1 MB buffer is not copied
+            while raw:        # once per piece, only once per read
+                buf = buf[pos:] + decoder.decode(raw)
+                pos = 0
+                while len(buf) - pos >= 2 * PIECE_CHARS:
+                    cut = _cut(buf, PIECE_CHARS, pos)
+                    yield buf[pos:cut], False
+                    pos = cut
                 self.done = start + f.tell()
                 raw = f.read(1 << 20)
-            buf += decoder.decode(b"", final=True)
-            yield buf, True
+            yield buf[pos:] + decoder.decode(b"", final=True), True
 
     def _jsonl(self, path: Path, start: int):
         with open(path, "rb") as raw:
@@ -181,13 +181,18 @@ def _decode_head(raw: bytes):
 _BOUNDARY = re.compile(r"(?<=\S\n)(?=\S)")
 
 
-def _cut(text: str, target: int) -> int:
-    """Where to end a piece of `text`: the last "x\\ny" boundary before `target` (in its second
-    half), else the first after it, else `target` (a line longer than the buffer)."""
-    last = None
-    for m in _BOUNDARY.finditer(text, target // 2, target):
-        last = m.start()
-    if last is None:
-        m = _BOUNDARY.search(text, target)
-        last = m.start() if m else target
-    return last
+def _cut(text: str, target: int, start: int = 0) -> int:
+    """Where to end the piece of `text` that begins at `start`: the last "x\ny" boundary
+    (a newline between two non-space characters) before start + target (in the piece's
+    second half), else the first after it, else start + target (a line longer than the
+    buffer). Found with rfind from the end: the regex's forward scan of the whole half cost
+    more than reading the file."""
+    lo, hi = start + target // 2, start + target
+    newline = text.rfind("\n", lo - 1, hi - 1)
+    while newline >= lo - 1:
+        p = newline + 1  # the boundary would be just after the newline
+        if p >= 2 and not text[p - 2].isspace() and not text[p].isspace():
+            return p
+        newline = text.rfind("\n", lo - 1, newline)
+    m = _BOUNDARY.search(text, hi)
+    return m.start() if m else hi
