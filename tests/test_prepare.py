@@ -390,3 +390,23 @@ def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_
     train = [d for d in docs if not prep.is_val(d, 0.2)]
     assert [a.tolist() for a in read_split(tmp_path / "set", "train")] == \
         [tok.encode(d).ids + [eot] for d in train]
+
+
+def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
+    """The cut (found with rfind) is the regex definition: the last position in
+    [start + target/2, start + target) just after a newline between two non-space characters
+    (Unicode spaces included), else the first such position after, else start + target."""
+    import random
+    import re
+
+    from transformer.data.sources import _cut
+    boundary = re.compile(r"(?<=\S\n)(?=\S)")
+    rng = random.Random(1)
+    atoms = ["a", "é", "\n", " \n", "\n ", "\u3000\n", "x\ny", "\r\n", "\t", "\n\n", "q" * 40]
+    for _ in range(400):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 200)))
+        start, target = rng.randint(0, len(text)), rng.randint(2, 120)
+        inside = [m.start() for m in boundary.finditer(text, start + target // 2, start + target)]
+        after = boundary.search(text, start + target)
+        want = inside[-1] if inside else after.start() if after else start + target
+        assert _cut(text, target, start) == want, (text, start, target)
