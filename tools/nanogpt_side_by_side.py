@@ -1,0 +1,220 @@
+"""The quick start and nanoGPT's README CPU recipe, one after the other, on the same bytes.
+
+    python tools/nanogpt_side_by_side.py --nanogpt=path/to/nanoGPT       # a checkout of it
+    python tools/nanogpt_side_by_side.py --nanogpt=... --ours=--config.train.steps=300
+
+1. runs this project's `python train.py` (the README's first command's training, in a fresh
+   workdir and a fresh data cache, so it prepares the quick start's data itself) and times it;
+2. writes that prepared set's train and validation shards in nanoGPT's layout
+   (`data/<dataset>/train.bin`, `val.bin` as uint16, `meta.pkl` with the vocabulary) inside a
+   scratch folder that links to nanoGPT's own `train.py`, `model.py`, `configurator.py` and
+   `config/` (nothing of nanoGPT is copied, here or into the project);
+3. runs nanoGPT's `train.py` there with its README's CPU flags, word for word, plus
+   `--dataset` and `--out_dir`, and times it;
+4. scores nanoGPT's saved checkpoint on the whole validation split (every token a target
+   once, windows of its context) with nanoGPT's own model code, since its printed val loss is
+   an estimate from 20 random batches; our run's final val loss covers the whole split too;
+5. prints both val losses, both wall times and the CPU (model, family/model numbers, ISA).
+
+It needs torch (the test extra) and a nanoGPT checkout; without either it prints one
+`skipped:` line and exits 0. Run it on a quiet machine: the two runs share the same cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# nanoGPT README's "I only have a macbook" CPU command, word for word (its config file and flags).
+NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+               "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
+               "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+               "--lr_decay_iters=2000", "--dropout=0.0"]
+DATASET = "quickstart"
+
+_NANOGPT = flags.DEFINE_string("nanogpt", None, "A checkout of karpathy/nanoGPT (its train.py).")
+_OURS = flags.DEFINE_multi_string("ours", [], "Extra flags for our train.py (repeatable).")
+_NANO_EXTRA = flags.DEFINE_multi_string(
+    "nanogpt_flag", [], "Extra flags after nanoGPT's README ones (repeatable), e.g. "
+    "--nanogpt_flag=--max_iters=20 for a quick try; the published comparison uses none.")
+_WORK = flags.DEFINE_string("work", None, "Scratch folder (default: a temporary one, removed).")
+
+
+def cpu_line() -> str:
+    """The CPU as /proc/cpuinfo names it, with family/model (AMD's Zen 3 is family 25 model 1,
+    Zen 4 family 25 model 17, Zen 5 family 26) and the vector ISA that decides kernel speed."""
+    fields, flags_ = {}, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "flags" and not flags_:
+                flags_ = set(value.split())
+            elif key in ("model name", "cpu family", "model") and key not in fields:
+                fields[key] = value.strip()
+    except OSError:
+        import platform
+        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags_]
+    return (f"{fields.get('model name', '?')}, family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}, {os.cpu_count()} CPUs, {' '.join(isa) or 'no AVX2'}")
+
+
+def skip_reason(nanogpt: str | None) -> str | None:
+    if not nanogpt:
+        return "no --nanogpt=PATH (a checkout of karpathy/nanoGPT) given"
+    if not (Path(nanogpt) / "train.py").is_file() or not (Path(nanogpt) / "model.py").is_file():
+        return f"{nanogpt} is not a nanoGPT checkout (no train.py and model.py)"
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed (pip install -e '.[test]')"
+    return None
+
+
+def write_nanogpt_data(prepared: Path, out: Path) -> int:
+    """A prepared folder's splits as nanoGPT reads a dataset: each split's shards one after
+    another in one uint16 file, and meta.pkl's vocab_size. Returns the vocabulary."""
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    vocab = int(manifest["tokenizer"]["vocab_size"])
+    if vocab > np.iinfo(np.uint16).max + 1:
+        raise SystemExit(f"error: vocabulary {vocab} does not fit nanoGPT's uint16 files")
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(manifest["dtype"])
+    for split, name in (("train", "train.bin"), ("val", "val.bin")):
+        with open(out / name, "wb") as f:
+            for shard in manifest["splits"][split]["shards"]:
+                f.write(np.fromfile(prepared / shard["file"], dtype).astype(np.uint16).tobytes())
+    with open(out / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": vocab}, f)
+    return vocab
+
+
+_NANOGPT_EVAL = r"""
+import sys, numpy as np, torch
+sys.path.insert(0, sys.argv[1])
+from model import GPT, GPTConfig
+ckpt = torch.load(sys.argv[2], map_location="cpu")
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+model.eval()
+val = np.fromfile(sys.argv[3], np.uint16).astype(np.int64)
+T = ckpt["model_args"]["block_size"]
+n = (len(val) - 1) // T  # windows of T + 1 tokens overlapping by one: each token a target once
+x = torch.from_numpy(val[: n * T].reshape(n, T))
+y = torch.from_numpy(val[1 : n * T + 1].reshape(n, T))
+total = 0.0
+with torch.no_grad():
+    for i in range(0, n, 64):
+        logits, _ = model(x[i:i + 64], y[i:i + 64])
+        total += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), y[i:i + 64].reshape(-1), reduction="sum").item()
+print(f"{total / (n * T)} {n * T} {ckpt['iter_num']}")
+"""
+
+
+def nanogpt_val_estimates(log: str) -> list[tuple[int, float]]:
+    """(step, val loss) from nanoGPT's 'step N: train loss X, val loss Y' lines."""
+    return [(int(s), float(v)) for s, v in
+            re.findall(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)", log, re.M)]
+
+
+def _run(cmd, cwd, env=None) -> tuple[float, str]:
+    begin = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - begin
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
+        raise SystemExit(f"error: {' '.join(map(str, cmd))} exited {done.returncode}")
+    return wall, done.stdout + done.stderr
+
+
+def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
+                 nanogpt_flags: list[str] = ()) -> dict:
+    env = dict(os.environ, TRANSFORMER_CACHE=str(work / "cache"))
+    ours_cmd = [sys.executable, "train.py", f"--workdir={work / 'ours'}", "--no_progress",
+                *ours_flags]
+    print(f"... ours: {' '.join(ours_cmd[1:])}", flush=True)
+    ours_wall, ours_log = _run(ours_cmd, ROOT, env)
+    trained = re.findall(r"trained steps \d+\.\.\d+ in ([\d.]+)s", ours_log)
+    vals = [json.loads(line)["val_loss"] for line in (work / "ours" / "metrics.jsonl")
+            .read_text().splitlines() if "val_loss" in line]
+    manifests = list((work / "cache").rglob("manifest.json"))
+    if len(manifests) != 1:
+        raise SystemExit(f"error: expected one prepared set in {work / 'cache'}, found "
+                         f"{len(manifests)}")
+    prepared = manifests[0].parent
+
+    run_dir = work / "nanogpt"
+    run_dir.mkdir()
+    for name in ("train.py", "model.py", "configurator.py", "config"):
+        (run_dir / name).symlink_to((nanogpt / name).resolve())
+    vocab = write_nanogpt_data(prepared, run_dir / "data" / DATASET)
+    flags_ = [*NANOGPT_CPU, *nanogpt_flags]
+    cmd = [sys.executable, "train.py", *flags_, f"--dataset={DATASET}", "--out_dir=out"]
+    print(f"... nanoGPT: {' '.join(cmd[1:])}", flush=True)
+    nano_wall, nano_log = _run(cmd, run_dir)
+    estimates = nanogpt_val_estimates(nano_log)
+    _, scored = _run([sys.executable, "-c", _NANOGPT_EVAL, str(nanogpt.resolve()),
+                         str(run_dir / "out" / "ckpt.pt"),
+                         str(run_dir / "data" / DATASET / "val.bin")], run_dir)
+    nano_val, val_tokens, ckpt_step = scored.split()[-3:]
+    return {"cpu": cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
+            "ours": {"command": "python train.py " + " ".join(ours_flags),
+                     "wall_s": ours_wall, "train_s": float(trained[-1]) if trained else None,
+                     "val_loss": vals[-1] if vals else None},
+            "nanogpt": {"command": "python train.py " + " ".join(flags_),
+                        "wall_s": nano_wall, "val_loss_full": float(nano_val),
+                        "checkpoint_step": int(ckpt_step),
+                        "val_loss_estimate": estimates[-1][1] if estimates else None}}
+
+
+def report(r: dict) -> str:
+    o, n = r["ours"], r["nanogpt"]
+    return "\n".join([
+        f"CPU: {r['cpu']}",
+        f"data: the quick start's prepared set, vocabulary {r['vocab']}, "
+        f"{r['val_tokens']:,} validation tokens scored",
+        f"{'':10} {'val loss':>9} {'wall s':>8} {'train s':>8}",
+        f"{'ours':10} {o['val_loss']:9.4f} {o['wall_s']:8.1f} {o['train_s'] or float('nan'):8.1f}",
+        f"{'nanoGPT':10} {n['val_loss_full']:9.4f} {n['wall_s']:8.1f} {'':>8}"
+        f"   (its own 20-batch estimate: {n['val_loss_estimate']}; checkpoint of step "
+        f"{n['checkpoint_step']})",
+        f"ratios ours/nanoGPT: val loss {o['val_loss'] / n['val_loss_full']:.3f}, "
+        f"wall time {o['wall_s'] / n['wall_s']:.3f}",
+    ])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise SystemExit(f"error: unexpected arguments {argv[1:]}")
+    reason = skip_reason(_NANOGPT.value)
+    if reason:
+        print(f"skipped: {reason}")
+        return
+    nanogpt = Path(_NANOGPT.value).expanduser()
+    if _WORK.value:
+        work = Path(_WORK.value)
+        work.mkdir(parents=True, exist_ok=False)
+        result = side_by_side(nanogpt, work, _OURS.value, _NANO_EXTRA.value)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = side_by_side(nanogpt, Path(tmp), _OURS.value, _NANO_EXTRA.value)
+    print(report(result))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)
