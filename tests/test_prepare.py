@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import signal
 import subprocess
@@ -103,23 +104,84 @@ def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_pa
         tokenizers.fingerprint(loaded) == manifest["tokenizer"]["sha256"]
 
 
-def test_a_large_text_file_is_cut_into_pieces_that_encode_like_the_whole(tmp_path):
-    text = "".join(documents(3000, seed=2))  # ~450 KB: pieces of ~16K characters
+def test_every_document_ends_once_and_its_stored_ids_are_its_whole_encoding(tmp_path):
+    """A piece of a file is a unit of reading only: each document (a text file of several
+    pieces, a JSON Lines record) is stored whole in one split, as its whole encoding followed by
+    exactly one end-of-text token, and the folder's ends mark documents, not pieces."""
+    from tokenizers import Tokenizer
+
+    from transformer.data.sources import PIECE_CHARS
+    big = [("".join(documents(400, seed=100 + k))) for k in range(8)]  # ~60K chars: 3+ pieces
+    assert all(len(d) > 3 * PIECE_CHARS for d in big)
+    small = documents(40, seed=13)
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in small))
+    (tmp_path / "big").mkdir()
+    for k, d in enumerate(big):
+        (tmp_path / "big" / f"{k}.txt").write_text(d)
+    assert {prep.is_val(d, 0.3) for d in big} == {True, False}  # large files in both splits
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "small.jsonl", tmp_path / "big"], out, tokenizer="bpe",
+                            vocab_size=400, val_fraction=0.3)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    for split in ("train", "val"):
+        expected = [tok.encode(d).ids + [eot] for d in small + big
+                    if prep.is_val(d, 0.3) == (split == "val")]
+        assert [a.tolist() for a in read_split(out, split)] == expected
+        stored = np.concatenate(read_split(out, split))
+        assert (stored == eot).sum() == len(expected) == manifest["splits"][split]["documents"]
+    assert manifest["split"]["rule"] == "documents"
+
+
+def test_a_document_over_the_span_size_is_held_out_in_long_contiguous_spans(tmp_path,
+                                                                             monkeypatch):
+    """One large file (scaled down: spans of 64 KiB for a ~700 KB file): validation is whole
+    spans of at least the span size, each a contiguous stretch of the file; in file order the
+    parts are the file, and the data line says what was held out."""
+    from transformer.data import split
+    monkeypatch.setattr(split, "SPAN_BYTES", 1 << 16)
+    text = "".join(documents(4500, seed=2))
     (tmp_path / "big.txt").write_text(text)
     out = tmp_path / "set"
-    manifest = prep.prepare([tmp_path / "big.txt"], out, tokenizer="bpe", vocab_size=400,
-                            val_fraction=0.3)
-    splits = manifest["splits"]
-    assert splits["train"]["pieces"] > 5 and splits["val"]["pieces"] > 2  # one file, both splits
-    assert splits["train"]["documents"] + splits["val"]["documents"] == 1  # one end-of-text
-    # In file order, the pieces' tokens are the whole file's encoding.
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    pieces = [t for _, t in sorted(
-        [(text.find(tok.decode(ids.tolist())), ids) for s in ("train", "val")
-         for ids in read_split(out, s)], key=lambda p: p[0])]
-    joined = np.concatenate(pieces).tolist()
-    assert joined == tok.encode(text).ids + [manifest["tokenizer"]["eot"]]
+    manifest = prep.prepare([tmp_path / "big.txt"], out, val_fraction=0.3)
+    parts = {s: [bytes(a[a != 256].astype(np.uint8)).decode() for a in read_split(out, s)]
+             for s in ("train", "val")}
+    assert parts["val"] and parts["train"]
+    every = sorted((text.index(p), p) for s in parts for p in parts[s])
+    assert "".join(p for _, p in every) == text  # contiguous, in order, nothing lost
+    assert all(len(p.encode()) >= 1 << 16 for _, p in every)
+    assert manifest["split"] == {"rule": "documents", "val_fraction": 0.3,
+                                 "span_bytes": 1 << 16, "documents_in_spans": 1}
+    line = prepared.PreparedSet(out, 16).describe(config_lib.base_config())
+    assert "val: whole documents by hash, the 1 over 0.0625 MB in spans of at least that" in line
+
+
+def test_a_single_small_file_is_split_as_the_cache_splits_it(tmp_path, monkeypatch):
+    """One rule: the text `prepare` would refuse for want of documents is what a run on the same
+    file named directly trains on: its tail is held out, in both, token for token."""
+    from test_cache import config_for
+    monkeypatch.setenv("TRANSFORMER_CACHE", str(tmp_path / "cache"))
+    text = "".join(documents(40, seed=14))
+    (tmp_path / "one.txt").write_text(text)
+    manifest = prep.prepare([tmp_path / "one.txt"], tmp_path / "set", val_fraction=0.1)
+    config = config_for(tmp_path / "one.txt")
+    config.data.val_fraction = 0.1
+    _, source = data.load(config)
+    for split in ("train", "val"):
+        assert [a.tolist() for a in read_split(tmp_path / "set", split)] == \
+            [a.tolist() for a in read_split(source.folder, split)]
+    train, val = (np.concatenate(read_split(tmp_path / "set", s)) for s in ("train", "val"))
+    assert 256 not in train and val.tolist().count(256) == 1 and val[-1] == 256  # one document
+    train, val = (bytes(a[a != 256].astype(np.uint8)).decode() for a in (train, val))
+    need = math.ceil(0.1 * len(text.encode()))
+    assert train + val == text and manifest["split"]["rule"] == "tail"
+    assert 0 < len(val.encode()) <= need and (len(val.encode()) == need or train.endswith("\n"))
+    assert "val: the last" in source.describe(config)
+
+
+def _with_val(config, fraction):
+    config.data.val_fraction = fraction
+    return config
 
 
 def test_no_validation_document_is_a_training_document_and_the_fraction_holds(tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
 
@@ -133,15 +134,18 @@ class PreparedSet:
                 "weights": np.ones((len(w), T), np.float32)}
 
     def describe(self, config, name: str | None = None) -> str:
-        """The set (`name`, default "prepared set FOLDER") and what this run reads of it
-        (epochs), for the start-up summary."""
+        """The set (`name`, default "prepared set FOLDER"), how it was split, and what this run
+        reads of it (epochs), for the start-up summary."""
         t, T = config.train, self.seq_len
         train = self.windows["train"]
         epochs = t.steps * t.batch_size / train
         repeat = "; repeats data" if epochs > 1 else ""
         name = name or f"prepared set {self.folder}"
+        splits = self.manifest["splits"]
+        held = split_rule.describe(self.manifest.get("split"), splits["val"],
+                                   splits["train"]["bytes"] + splits["val"]["bytes"])
         return (f"{name} ({self.tokens('train'):,} train tokens = "
-                f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens); "
+                f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens; {held}); "
                 f"this run reads {epochs:.3g} epochs{repeat}")
 
 
