@@ -81,15 +81,16 @@ def decoded_split(folder: Path, split: str) -> list[str]:
 def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_path):
     from tokenizers import Tokenizer
     docs = documents(120, seed=1)
-    docs[3] += " <|endoftext|> inside a document"  # encodes as the tokenizer itself encodes it
+    docs[3] += " <|endoftext|> inside a document"  # text, as any other
     inputs = write_inputs(tmp_path / "in", docs)
     out = tmp_path / "set"
     manifest = prep.prepare(inputs, out, tokenizer=kind, vocab_size=300, val_fraction=0.2)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     eot = manifest["tokenizer"]["eot"]
     assert tok.token_to_id(tokenizers.EOT) == eot == manifest["tokenizer"]["vocab_size"] - 1
+    as_text = tokenizers.ordinary(tok)
     for split in ("train", "val"):
-        expected = [tok.encode(d).ids + [eot] for d in docs
+        expected = [as_text.encode(d, add_special_tokens=False).ids + [eot] for d in docs
                     if prep.is_val(d, 0.2) == (split == "val")]
         got = [ids.tolist() for ids in read_split(out, split)]
         assert got == expected
@@ -472,3 +473,79 @@ def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
         after = boundary.search(text, start + target)
         want = inside[-1] if inside else after.start() if after else start + target
         assert _cut(text, target, start) == want, (text, start, target)
+
+
+def _authors_tokenizer(kind: str, docs: list[str], path: Path) -> tuple[str, str]:
+    """A tokenizer.json as its authors ship one (built here: nothing is downloaded), with a
+    post-processor that puts a BOS before every text: "bytelevel" as Llama 3 (byte-level BPE),
+    "metaspace" as Llama 2 / Mistral (a Metaspace pre-tokenizer: "▁" before the first word).
+    Returns its (BOS, EOS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    if kind == "bytelevel":
+        bos, eos, alphabet = "<|begin_of_text|>", "<|end_of_text|>", pre_tokenizers.ByteLevel.alphabet()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        bos, eos, alphabet = "<s>", "</s>", []
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(docs, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[bos, eos], initial_alphabet=alphabet,
+        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    tok.save(str(path))
+    return bos, eos
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_a_tokenizer_file_is_applied_as_its_authors_apply_it(kind, tmp_path):
+    """Its post-processor's BOS is not put into the data, and a text file is cut into pieces
+    only where that keeps the ids: every document's stored ids are its whole encoding (as text,
+    no special tokens added) and its end token, a multi-piece file's too."""
+    from tokenizers import Tokenizer
+
+    from transformer.data.sources import PIECE_CHARS
+    docs = documents(60, seed=15)
+    big = "".join(documents(500, seed=16))
+    assert len(big) > 4 * PIECE_CHARS
+    bos, eos = _authors_tokenizer(kind, docs + [big], tmp_path / "tokenizer.json")
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "big.txt").write_text(big)
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "small.jsonl", tmp_path / "big.txt"], out,
+                            tokenizer=str(tmp_path / "tokenizer.json"), val_fraction=0.2)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    assert eot == tok.token_to_id(eos)
+    for split in ("train", "val"):
+        expected = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs + [big]
+                    if prep.is_val(d, 0.2) == (split == "val")]
+        got = [a.tolist() for a in read_split(out, split)]
+        assert got == expected, split
+        assert tok.token_to_id(bos) not in np.concatenate(read_split(out, split))
+    assert manifest["text_in_pieces"] == (kind == "bytelevel")  # Metaspace: files read whole
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_time(kind,
+                                                                                 tmp_path):
+    """The end token is placed, never parsed: a document holding the string "<|endoftext|>"
+    is stored as the folder's tokenizer (what a checkpoint saves, what sample.py and the server
+    encode prompts with) encodes that text, and holds one end token, at its end."""
+    docs = [d + (" <|endoftext|> and on" if i % 3 == 0 else "")
+            for i, d in enumerate(documents(60, seed=17))]
+    out = tmp_path / "set"
+    prep.prepare(write_inputs(tmp_path / "in", docs), out, tokenizer=kind, vocab_size=300,
+                 val_fraction=0.2)
+    tok = prepared.PreparedSet(out, 8).tokenizer
+    saved = tokenizers.from_json(tok.to_json())
+    for split in ("train", "val"):
+        mine = [d for d in docs if prep.is_val(d, 0.2) == (split == "val")]
+        stored = read_split(out, split)
+        assert [a.tolist() for a in stored] == [list(tok.encode(d)) + [tok.eot] for d in mine]
+        assert [list(saved.encode(d)) for d in mine] == [a.tolist()[:-1] for a in stored]
+        assert [(a == tok.eot).sum() for a in stored] == [1] * len(mine)
+        assert [tok.decode(a[:-1]) for a in stored] == mine
+    assert tok.eot not in tok.encode("a <|endoftext|> b")

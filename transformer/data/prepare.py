@@ -30,6 +30,7 @@ through a bounded queue; only the current shard's document ends are kept.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -45,7 +46,7 @@ import numpy as np
 from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
-from transformer.data.sources import Reader, expand
+from transformer.data.sources import PIECE_CHARS, Reader, expand, kind_of
 from transformer.data.split import is_val  # noqa: F401 -- prepare.is_val, where it was
 
 FORMAT = 1
@@ -94,13 +95,13 @@ def build_tokenizer(kind: str, vocab_size: int, sample, documents=None):
 
 
 class Encoder:
-    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads).
-    Byte and char ids come from NumPy directly (the tokenizer.json gives the same ids, ~4x
-    slower for char), except in a text holding the end token's string, which the tokenizer
-    itself encodes (as the end token)."""
+    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads), each
+    text taken as text (tokenizers.ordinary: no special token is parsed in it or added to it;
+    the end token is `_write`'s to place). Byte and char ids come from NumPy directly (the
+    tokenizer.json gives the same ids, ~4x slower for char)."""
 
     def __init__(self, tokenizer):
-        self.tok = tokenizer.hf_tokenizer()
+        self.tok = tokenizers.ordinary(tokenizer.hf_tokenizer())
         self.kind = tokenizer.kind
         if self.kind == "char":  # code point -> id
             self.table = np.full(max(map(ord, tokenizer.chars)) + 1, -1, np.int64)
@@ -108,10 +109,9 @@ class Encoder:
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         if self.kind in ("byte", "char"):
-            return [self._direct(t) if tokenizers.EOT not in t
-                    else np.asarray(self.tok.encode(t).ids) for t in texts]
+            return [self._direct(t) for t in texts]
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
-        return [np.asarray(e.ids) for e in encode(texts)]
+        return [np.asarray(e.ids, np.int64) for e in encode(texts, add_special_tokens=False)]
 
     def _direct(self, text: str) -> np.ndarray:
         if self.kind == "byte":
@@ -221,18 +221,33 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
                           "--overwrite replaces only those; choose another --out")
     inputs = [str(i) for i in inputs]
     files = expand(inputs)
-    rule = split_rule.choose(Reader(files, text_field).units(), val_fraction)
-    plan = lambda: InputSplit(Reader(files, text_field), rule)  # noqa: E731
+    # A tokenizer.json from disk is loaded first: where cutting a text file into pieces would
+    # not keep its ids (a Metaspace pre-tokenizer), text files are read whole (and one over
+    # 1 MB is then held out whole, not in spans: spans are cut where pieces are).
+    given = None if tokenizer in ("byte", "char", "bpe") else build_tokenizer(tokenizer, 0, None)
+    cut = given is None or tokenizers.cut_keeps_ids(given, first_pieces(files))
+    rule = split_rule.choose(Reader(files, text_field, cut).units(), val_fraction)
+    plan = lambda: InputSplit(Reader(files, text_field, cut), rule)  # noqa: E731
     begin = time.perf_counter()
-    tok = build_tokenizer(tokenizer, vocab_size, lambda: training_sample(plan(), sample_bytes),
-                          lambda: (text for text, _, _ in plan().units()))
+    tok = given or build_tokenizer(tokenizer, vocab_size,
+                                   lambda: training_sample(plan(), sample_bytes),
+                                   lambda: (text for text, _, _ in plan().units()))
     learned = time.perf_counter() - begin
-    extra = {"val_fraction": val_fraction, "text_field": text_field,
+    extra = {"val_fraction": val_fraction, "text_field": text_field, "text_in_pieces": cut,
              "inputs": inputs, "command": command,
              "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
                           "mtime": st.st_mtime} for p in files]}
     return write(out, plan(), tok, tokenizer, sample_bytes, learned, extra, progress,
                  shard_tokens, replace=True)
+
+
+def first_pieces(files, count: int = 8) -> list[str]:
+    """The first `count` pieces of the first text file long enough to be cut (what
+    tokenizers.cut_keeps_ids checks a given tokenizer on), or none."""
+    for path in files:
+        if kind_of(path) == "text" and path.stat().st_size >= 2 * PIECE_CHARS:
+            return list(itertools.islice((t for t, _ in Reader([path]).units()), count))
+    return []
 
 
 def training_sample(plan, sample_bytes: int):

@@ -6,7 +6,8 @@ Parquet, JSON Lines (plain, .gz, .zst) or text, streamed one document (or piece)
 
 A document is a record, or a text file. A text file is cut into pieces of about PIECE_CHARS
 characters at "x\ny" boundaries (where byte-level BPE always makes the newline a token of its
-own, so the pieces encode to the file's ids); only its last piece ends the document. What
+own, so the pieces encode to the file's ids; `cut=False` reads it whole, for a tokenizer where
+that does not hold: tokenizers.cut_keeps_ids); only its last piece ends the document. What
 cannot be read as text is skipped and counted (`Reader.counts`); a wrong text field is an
 error naming the fields there are (docs/data.md).
 """
@@ -71,8 +72,8 @@ class Reader:
     """The units of the inputs in order: (text, ends_document). A unit is a record, a small
     text file, or a piece of a large one. `done` is the input bytes consumed so far."""
 
-    def __init__(self, files: list[Path], text_field: str = "text"):
-        self.files, self.field = files, text_field
+    def __init__(self, files: list[Path], text_field: str = "text", cut: bool = True):
+        self.files, self.field, self.cut = files, text_field, cut
         self.total = sum(p.stat().st_size for p in files)
         self.done = 0
         self.counts = Counter()  # skipped_files, bad_records (see docs/data.md)
@@ -96,6 +97,14 @@ class Reader:
                 self.counts["skipped_files"] += 1  # binary, or not UTF-8
                 return
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            if not self.cut:  # the file whole, one unit
+                parts = []
+                while raw:
+                    parts.append(decoder.decode(raw))
+                    self.done = start + f.tell()
+                    raw = f.read(1 << 20)
+                yield "".join(parts) + decoder.decode(b"", final=True), True
+                return
             buf, pos = "", 0  # pieces are taken from pos on: the ~1 MB buffer is not copied
             while raw:        # once per piece, only once per read
                 buf = buf[pos:] + decoder.decode(raw)
