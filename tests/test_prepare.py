@@ -255,7 +255,49 @@ BAD = [
     ("no --out", ["{T}/doc.txt"], "--out"),
     ("not a tokenizer file", ["{T}/doc.txt", "--out={T}/o8", "--tokenizer={T}/doc.txt"],
      "not a tokenizers file"),
+    # Damaged files (planted by damage_files): the file and the fault, no folder.
+    ("a .gz cut short", ["{T}/cut.jsonl.gz", "--out={T}/d1"],
+     "cut.jsonl.gz: Compressed file ended before the end-of-stream marker"),
+    ("a .gz with corrupt data", ["{T}/corrupt.jsonl.gz", "--out={T}/d2"], "corrupt.jsonl.gz: "),
+    ("a .zst cut short", ["{T}/cut.jsonl.zst", "--out={T}/d3"],
+     "cut.jsonl.zst: the zstandard stream is cut short"),
+    ("a .zst with corrupt data", ["{T}/corrupt.jsonl.zst", "--out={T}/d4"],
+     "corrupt.jsonl.zst: corrupt zstandard data"),
+    ("a JSON Lines line that is not JSON", ["{T}/cut.jsonl", "--out={T}/d5"],
+     "cut.jsonl: line 30 is not JSON"),
+    ("a JSON Lines line that is not UTF-8", ["{T}/latin1.jsonl", "--out={T}/d6"],
+     "latin1.jsonl: line 2 is not UTF-8"),
+    ("a Parquet file cut short", ["{T}/cut.parquet", "--out={T}/d7"],
+     "cut.parquet: not a readable Parquet file"),
+    ("a Parquet file with a corrupt page", ["{T}/corrupt.parquet", "--out={T}/d8"],
+     "corrupt.parquet: "),
+    ("a text file that stops being UTF-8", ["{T}/latin1.txt", "--out={T}/d9"],
+     "latin1.txt: not UTF-8 text near byte 20,013"),
 ]
+
+
+def damage_files(folder: Path) -> None:
+    """One damaged file of each kind prepare reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in documents(400, seed=20)).encode()
+    gz = gzip.compress(lines)
+    (folder / "cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    (folder / "corrupt.jsonl.gz").write_bytes(gz[:200] + bytes(200) + gz[400:])
+    zst = zstandard.ZstdCompressor().compress(lines)
+    (folder / "cut.jsonl.zst").write_bytes(zst[: len(zst) // 2])
+    (folder / "corrupt.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64) + zst[68:])
+    text = lines.split(b"\n")
+    (folder / "cut.jsonl").write_bytes(b"\n".join(text[:29] + [text[29][:20]]))
+    (folder / "latin1.jsonl").write_bytes(text[0] + b"\n" + '{"text": "café"}\n'.encode("latin-1"))
+    pq.write_table(pa.table({"text": documents(3000, seed=21)}), folder / "good.parquet",
+                   compression="snappy")
+    raw = (folder / "good.parquet").read_bytes()
+    (folder / "cut.parquet").write_bytes(raw[: len(raw) // 2])
+    (folder / "corrupt.parquet").write_bytes(raw[:1000] + bytes(2000) + raw[3000:])
+    (folder / "good.parquet").unlink()
+    (folder / "latin1.txt").write_bytes(b"a line of text\n" * 1334 + "café\n".encode("latin-1"))
 
 
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
@@ -268,6 +310,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "exists").mkdir()
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("not to be deleted")
+    damage_files(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
 
     def run(row):
@@ -483,7 +526,8 @@ def _authors_tokenizer(kind: str, docs: list[str], path: Path) -> tuple[str, str
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     tok = Tokenizer(models.BPE())
     if kind == "bytelevel":
-        bos, eos, alphabet = "<|begin_of_text|>", "<|end_of_text|>", pre_tokenizers.ByteLevel.alphabet()
+        bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
     else:
@@ -549,3 +593,4 @@ def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_ti
         assert [(a == tok.eot).sum() for a in stored] == [1] * len(mine)
         assert [tok.decode(a[:-1]) for a in stored] == mine
     assert tok.eot not in tok.encode("a <|endoftext|> b")
+
