@@ -594,3 +594,27 @@ def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_ti
         assert [tok.decode(a[:-1]) for a in stored] == mine
     assert tok.eot not in tok.encode("a <|endoftext|> b")
 
+
+def test_a_prepared_folder_is_on_disk_before_it_has_its_name(tmp_path, monkeypatch):
+    """Power loss, not only SIGKILL: every file of the folder and the folder itself are fsynced
+    before the rename that names it, and the parent folder after it (else the name can reach
+    the disk before the data it names)."""
+    import os
+    events, fsync, rename = [], os.fsync, os.rename
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        fsync(fd)
+
+    def recording_rename(a, b):
+        events.append(("rename", os.path.realpath(a), os.path.realpath(b)))
+        rename(a, b)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    out = tmp_path / "set"
+    prep.prepare(write_inputs(tmp_path / "in", documents(100, seed=22)), out, val_fraction=0.2)
+    [(at, tmp)] = [(i, e[1]) for i, e in enumerate(events) if e[0] == "rename"]
+    before = {e[1] for e in events[:at] if e[0] == "fsync"}
+    assert {os.path.join(tmp, p.name) for p in out.iterdir()} | {tmp} <= before
+    assert os.path.realpath(tmp_path) in {e[1] for e in events[at:] if e[0] == "fsync"}

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import durable
 from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
@@ -275,6 +276,7 @@ def write(out: Path, plan, tok, tokenizer_source: str, sample_bytes: int, learne
                           shard_tokens)
         manifest.update(extra)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        durable.sync_tree(tmp)  # on disk before it has its name: a power loss too (durable.py)
         if out.exists() and replace:  # the old folder goes only once the new one is complete
             shutil.rmtree(out)
         try:
@@ -283,6 +285,7 @@ def write(out: Path, plan, tok, tokenizer_source: str, sample_bytes: int, learne
             if replace or not (out / "manifest.json").is_file():
                 raise
             manifest = json.loads((out / "manifest.json").read_text())  # prepared meanwhile
+        durable.sync(out.parent)  # the rename itself
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
