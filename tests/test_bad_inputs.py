@@ -99,7 +99,46 @@ ROWS = [
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
     ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),
+    # Damaged prepared folders (damaged_folders plants them) and a damaged corpus named directly.
+    ("prepared folder: manifest cut short", "train", ["--config.data.corpus={D}/p_cut_manifest"],
+     "unreadable manifest.json", "fresh"),
+    ("prepared folder: manifest without its splits", "train",
+     ["--config.data.corpus={D}/p_no_splits"], "damaged manifest.json (its 'splits.train'",
+     "fresh"),
+    ("prepared folder: a shard missing", "train", ["--config.data.corpus={D}/p_no_shard"],
+     "train_00000.bin", "fresh"),
+    ("prepared folder: a shard cut short", "train", ["--config.data.corpus={D}/p_cut_shard"],
+     "the manifest says", "fresh"),
+    ("prepared folder: tokenizer.json damaged", "train",
+     ["--config.data.corpus={D}/p_bad_tokenizer"], "tokenizer.json: damaged", "fresh"),
+    ("resuming on a damaged prepared folder", "train",
+     ["--config.data.corpus={D}/p_bad_tokenizer"], "tokenizer.json: damaged", "trained"),
+    ("corpus named directly: a .gz cut short", "train", ["--config.data.corpus={D}/cut.jsonl.gz"],
+     "cut.jsonl.gz: Compressed file ended", "fresh"),
 ]
+
+
+def damaged_folders(d: Path) -> None:
+    """A prepared folder of good.txt, copied with one part damaged in each copy; a cut .gz."""
+    import gzip
+    import json
+
+    from transformer.data import prepare as prep
+    prep.prepare([d / "good.txt"], d / "p_good", tokenizer="char")
+    for name in ("p_cut_manifest", "p_no_splits", "p_no_shard", "p_cut_shard",
+                 "p_bad_tokenizer"):
+        shutil.copytree(d / "p_good", d / name)
+    manifest = (d / "p_good" / "manifest.json").read_text()
+    (d / "p_cut_manifest" / "manifest.json").write_text(manifest[: len(manifest) // 2])
+    m = json.loads(manifest)
+    del m["splits"]
+    (d / "p_no_splits" / "manifest.json").write_text(json.dumps(m))
+    (d / "p_no_shard" / "train_00000.bin").unlink()
+    shard = (d / "p_good" / "train_00000.bin").read_bytes()
+    (d / "p_cut_shard" / "train_00000.bin").write_bytes(shard[:-10])
+    (d / "p_bad_tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    lines = "".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(3000)).encode()
+    (d / "cut.jsonl.gz").write_bytes(gzip.compress(lines)[:-100])
 
 
 def snapshot(path: Path):
@@ -129,6 +168,7 @@ def files(tmp_path_factory):
     (d / "short.txt").write_text("too short.\n")
     (d / "broken_config.py").write_text("def get_config(:\n    return\n")
     (d / "a_file").write_text("not a folder\n")
+    damaged_folders(d)
     trained = d / "trained"
     out = subprocess.run([sys.executable, "train.py", *MODEL, f"--config.data.corpus={d}/good.txt",
                           f"--workdir={trained}"], cwd=ROOT, env=env(), capture_output=True,

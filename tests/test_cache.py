@@ -88,13 +88,32 @@ def test_the_cache_is_keyed_by_content_and_prepared_once(tmp_path, own_cache, mo
 
 
 def test_a_corpus_too_small_to_split_by_document_holds_out_its_tail(tmp_path, own_cache):
-    text = "".join(documents(30, seed=5))  # one file under 16K characters: one unit
+    """One file is one document: its last val_fraction of bytes, from the first line boundary
+    there, is held out, and the data line says so."""
+    text = "".join(documents(30, seed=5))
     (tmp_path / "small.txt").write_text(text)
-    tok, source = data.load(config_for(tmp_path / "small.txt", max_bytes=10**6))
-    held = math.ceil(0.05 * len(text))
-    train = [tok.decode(a) for a in read_split(source.folder, "train")]
-    val = [tok.decode(a) for a in read_split(source.folder, "val")]
-    assert train == [text[:-held]] and val == [text[-held:]]
+    config = config_for(tmp_path / "small.txt", max_bytes=10**6)
+    tok, source = data.load(config)
+    need = math.ceil(0.05 * len(text.encode()))
+    [train] = [tok.decode(a) for a in read_split(source.folder, "train")]
+    [val] = [tok.decode(a) for a in read_split(source.folder, "val")]
+    assert train + val == text and 0 < len(val.encode()) <= need
+    assert len(val.encode()) == need or train.endswith("\n")
+    assert "val: the last 5.0% of the text (too few documents" in source.describe(config)
+
+
+def test_a_set_prepared_by_another_version_is_not_reused(tmp_path, own_cache, monkeypatch):
+    """The cache's key carries its format: a folder made by the code before one end token a
+    document and the split by document (format 1) is never what a run of this code reads."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(documents(60, seed=11)))
+    monkeypatch.setattr(cache, "FORMAT", 1)
+    old = data.load(config_for(corpus))[1].folder
+    monkeypatch.undo()
+    monkeypatch.setenv("TRANSFORMER_CACHE", str(own_cache))
+    _, source = data.load(config_for(corpus))
+    assert source.folder != old and source.prepared_in is not None
+    assert source.manifest["split"]["rule"] in ("documents", "tail")
 
 
 def test_a_resumed_runs_own_tokenizer_reads_the_text_with_its_own_ids(tmp_path, own_cache):
@@ -153,6 +172,7 @@ def test_the_summary_and_a_batch_of_the_quick_start_corpus(own_cache):
     line = data.describe(c, source)
     assert line.startswith("Python standard library sources (0.20 MB of text from")
     assert "prepared just now" in line and str(own_cache / "prepared") in line
+    assert "; val: the last 5.0% of the text (too few documents" in line  # 13 files, none held
     assert tok.vocab_size == 257
     batch = source.batch(0, "train", 0, 4)
     np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])

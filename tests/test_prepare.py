@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import signal
 import subprocess
@@ -80,15 +81,16 @@ def decoded_split(folder: Path, split: str) -> list[str]:
 def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_path):
     from tokenizers import Tokenizer
     docs = documents(120, seed=1)
-    docs[3] += " <|endoftext|> inside a document"  # encodes as the tokenizer itself encodes it
+    docs[3] += " <|endoftext|> inside a document"  # text, as any other
     inputs = write_inputs(tmp_path / "in", docs)
     out = tmp_path / "set"
     manifest = prep.prepare(inputs, out, tokenizer=kind, vocab_size=300, val_fraction=0.2)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     eot = manifest["tokenizer"]["eot"]
     assert tok.token_to_id(tokenizers.EOT) == eot == manifest["tokenizer"]["vocab_size"] - 1
+    as_text = tokenizers.ordinary(tok)
     for split in ("train", "val"):
-        expected = [tok.encode(d).ids + [eot] for d in docs
+        expected = [as_text.encode(d, add_special_tokens=False).ids + [eot] for d in docs
                     if prep.is_val(d, 0.2) == (split == "val")]
         got = [ids.tolist() for ids in read_split(out, split)]
         assert got == expected
@@ -103,23 +105,84 @@ def test_shards_hold_the_saved_tokenizers_encoding_plus_end_of_text(kind, tmp_pa
         tokenizers.fingerprint(loaded) == manifest["tokenizer"]["sha256"]
 
 
-def test_a_large_text_file_is_cut_into_pieces_that_encode_like_the_whole(tmp_path):
-    text = "".join(documents(3000, seed=2))  # ~450 KB: pieces of ~16K characters
+def test_every_document_ends_once_and_its_stored_ids_are_its_whole_encoding(tmp_path):
+    """A piece of a file is a unit of reading only: each document (a text file of several
+    pieces, a JSON Lines record) is stored whole in one split, as its whole encoding followed by
+    exactly one end-of-text token, and the folder's ends mark documents, not pieces."""
+    from tokenizers import Tokenizer
+
+    from transformer.data.sources import PIECE_CHARS
+    big = [("".join(documents(400, seed=100 + k))) for k in range(8)]  # ~60K chars: 3+ pieces
+    assert all(len(d) > 3 * PIECE_CHARS for d in big)
+    small = documents(40, seed=13)
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in small))
+    (tmp_path / "big").mkdir()
+    for k, d in enumerate(big):
+        (tmp_path / "big" / f"{k}.txt").write_text(d)
+    assert {prep.is_val(d, 0.3) for d in big} == {True, False}  # large files in both splits
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "small.jsonl", tmp_path / "big"], out, tokenizer="bpe",
+                            vocab_size=400, val_fraction=0.3)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    for split in ("train", "val"):
+        expected = [tok.encode(d).ids + [eot] for d in small + big
+                    if prep.is_val(d, 0.3) == (split == "val")]
+        assert [a.tolist() for a in read_split(out, split)] == expected
+        stored = np.concatenate(read_split(out, split))
+        assert (stored == eot).sum() == len(expected) == manifest["splits"][split]["documents"]
+    assert manifest["split"]["rule"] == "documents"
+
+
+def test_a_document_over_the_span_size_is_held_out_in_long_contiguous_spans(tmp_path,
+                                                                             monkeypatch):
+    """One large file (scaled down: spans of 64 KiB for a ~700 KB file): validation is whole
+    spans of at least the span size, each a contiguous stretch of the file; in file order the
+    parts are the file, and the data line says what was held out."""
+    from transformer.data import split
+    monkeypatch.setattr(split, "SPAN_BYTES", 1 << 16)
+    text = "".join(documents(4500, seed=2))
     (tmp_path / "big.txt").write_text(text)
     out = tmp_path / "set"
-    manifest = prep.prepare([tmp_path / "big.txt"], out, tokenizer="bpe", vocab_size=400,
-                            val_fraction=0.3)
-    splits = manifest["splits"]
-    assert splits["train"]["pieces"] > 5 and splits["val"]["pieces"] > 2  # one file, both splits
-    assert splits["train"]["documents"] + splits["val"]["documents"] == 1  # one end-of-text
-    # In file order, the pieces' tokens are the whole file's encoding.
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    pieces = [t for _, t in sorted(
-        [(text.find(tok.decode(ids.tolist())), ids) for s in ("train", "val")
-         for ids in read_split(out, s)], key=lambda p: p[0])]
-    joined = np.concatenate(pieces).tolist()
-    assert joined == tok.encode(text).ids + [manifest["tokenizer"]["eot"]]
+    manifest = prep.prepare([tmp_path / "big.txt"], out, val_fraction=0.3)
+    parts = {s: [bytes(a[a != 256].astype(np.uint8)).decode() for a in read_split(out, s)]
+             for s in ("train", "val")}
+    assert parts["val"] and parts["train"]
+    every = sorted((text.index(p), p) for s in parts for p in parts[s])
+    assert "".join(p for _, p in every) == text  # contiguous, in order, nothing lost
+    assert all(len(p.encode()) >= 1 << 16 for _, p in every)
+    assert manifest["split"] == {"rule": "documents", "val_fraction": 0.3,
+                                 "span_bytes": 1 << 16, "documents_in_spans": 1}
+    line = prepared.PreparedSet(out, 16).describe(config_lib.base_config())
+    assert "val: whole documents by hash, the 1 over 0.0625 MB in spans of at least that" in line
+
+
+def test_a_single_small_file_is_split_as_the_cache_splits_it(tmp_path, monkeypatch):
+    """One rule: the text `prepare` would refuse for want of documents is what a run on the same
+    file named directly trains on: its tail is held out, in both, token for token."""
+    from test_cache import config_for
+    monkeypatch.setenv("TRANSFORMER_CACHE", str(tmp_path / "cache"))
+    text = "".join(documents(40, seed=14))
+    (tmp_path / "one.txt").write_text(text)
+    manifest = prep.prepare([tmp_path / "one.txt"], tmp_path / "set", val_fraction=0.1)
+    config = config_for(tmp_path / "one.txt")
+    config.data.val_fraction = 0.1
+    _, source = data.load(config)
+    for split in ("train", "val"):
+        assert [a.tolist() for a in read_split(tmp_path / "set", split)] == \
+            [a.tolist() for a in read_split(source.folder, split)]
+    train, val = (np.concatenate(read_split(tmp_path / "set", s)) for s in ("train", "val"))
+    assert 256 not in train and val.tolist().count(256) == 1 and val[-1] == 256  # one document
+    train, val = (bytes(a[a != 256].astype(np.uint8)).decode() for a in (train, val))
+    need = math.ceil(0.1 * len(text.encode()))
+    assert train + val == text and manifest["split"]["rule"] == "tail"
+    assert 0 < len(val.encode()) <= need and (len(val.encode()) == need or train.endswith("\n"))
+    assert "val: the last" in source.describe(config)
+
+
+def _with_val(config, fraction):
+    config.data.val_fraction = fraction
+    return config
 
 
 def test_no_validation_document_is_a_training_document_and_the_fraction_holds(tmp_path):
@@ -192,7 +255,49 @@ BAD = [
     ("no --out", ["{T}/doc.txt"], "--out"),
     ("not a tokenizer file", ["{T}/doc.txt", "--out={T}/o8", "--tokenizer={T}/doc.txt"],
      "not a tokenizers file"),
+    # Damaged files (planted by damage_files): the file and the fault, no folder.
+    ("a .gz cut short", ["{T}/cut.jsonl.gz", "--out={T}/d1"],
+     "cut.jsonl.gz: Compressed file ended before the end-of-stream marker"),
+    ("a .gz with corrupt data", ["{T}/corrupt.jsonl.gz", "--out={T}/d2"], "corrupt.jsonl.gz: "),
+    ("a .zst cut short", ["{T}/cut.jsonl.zst", "--out={T}/d3"],
+     "cut.jsonl.zst: the zstandard stream is cut short"),
+    ("a .zst with corrupt data", ["{T}/corrupt.jsonl.zst", "--out={T}/d4"],
+     "corrupt.jsonl.zst: corrupt zstandard data"),
+    ("a JSON Lines line that is not JSON", ["{T}/cut.jsonl", "--out={T}/d5"],
+     "cut.jsonl: line 30 is not JSON"),
+    ("a JSON Lines line that is not UTF-8", ["{T}/latin1.jsonl", "--out={T}/d6"],
+     "latin1.jsonl: line 2 is not UTF-8"),
+    ("a Parquet file cut short", ["{T}/cut.parquet", "--out={T}/d7"],
+     "cut.parquet: not a readable Parquet file"),
+    ("a Parquet file with a corrupt page", ["{T}/corrupt.parquet", "--out={T}/d8"],
+     "corrupt.parquet: "),
+    ("a text file that stops being UTF-8", ["{T}/latin1.txt", "--out={T}/d9"],
+     "latin1.txt: not UTF-8 text near byte 20,013"),
 ]
+
+
+def damage_files(folder: Path) -> None:
+    """One damaged file of each kind prepare reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in documents(400, seed=20)).encode()
+    gz = gzip.compress(lines)
+    (folder / "cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    (folder / "corrupt.jsonl.gz").write_bytes(gz[:200] + bytes(200) + gz[400:])
+    zst = zstandard.ZstdCompressor().compress(lines)
+    (folder / "cut.jsonl.zst").write_bytes(zst[: len(zst) // 2])
+    (folder / "corrupt.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64) + zst[68:])
+    text = lines.split(b"\n")
+    (folder / "cut.jsonl").write_bytes(b"\n".join(text[:29] + [text[29][:20]]))
+    (folder / "latin1.jsonl").write_bytes(text[0] + b"\n" + '{"text": "café"}\n'.encode("latin-1"))
+    pq.write_table(pa.table({"text": documents(3000, seed=21)}), folder / "good.parquet",
+                   compression="snappy")
+    raw = (folder / "good.parquet").read_bytes()
+    (folder / "cut.parquet").write_bytes(raw[: len(raw) // 2])
+    (folder / "corrupt.parquet").write_bytes(raw[:1000] + bytes(2000) + raw[3000:])
+    (folder / "good.parquet").unlink()
+    (folder / "latin1.txt").write_bytes(b"a line of text\n" * 1334 + "café\n".encode("latin-1"))
 
 
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
@@ -205,6 +310,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "exists").mkdir()
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("not to be deleted")
+    damage_files(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
 
     def run(row):
@@ -410,3 +516,105 @@ def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
         after = boundary.search(text, start + target)
         want = inside[-1] if inside else after.start() if after else start + target
         assert _cut(text, target, start) == want, (text, start, target)
+
+
+def _authors_tokenizer(kind: str, docs: list[str], path: Path) -> tuple[str, str]:
+    """A tokenizer.json as its authors ship one (built here: nothing is downloaded), with a
+    post-processor that puts a BOS before every text: "bytelevel" as Llama 3 (byte-level BPE),
+    "metaspace" as Llama 2 / Mistral (a Metaspace pre-tokenizer: "▁" before the first word).
+    Returns its (BOS, EOS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    if kind == "bytelevel":
+        bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        bos, eos, alphabet = "<s>", "</s>", []
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(docs, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[bos, eos], initial_alphabet=alphabet,
+        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    tok.save(str(path))
+    return bos, eos
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_a_tokenizer_file_is_applied_as_its_authors_apply_it(kind, tmp_path):
+    """Its post-processor's BOS is not put into the data, and a text file is cut into pieces
+    only where that keeps the ids: every document's stored ids are its whole encoding (as text,
+    no special tokens added) and its end token, a multi-piece file's too."""
+    from tokenizers import Tokenizer
+
+    from transformer.data.sources import PIECE_CHARS
+    docs = documents(60, seed=15)
+    big = "".join(documents(500, seed=16))
+    assert len(big) > 4 * PIECE_CHARS
+    bos, eos = _authors_tokenizer(kind, docs + [big], tmp_path / "tokenizer.json")
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "big.txt").write_text(big)
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "small.jsonl", tmp_path / "big.txt"], out,
+                            tokenizer=str(tmp_path / "tokenizer.json"), val_fraction=0.2)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    eot = manifest["tokenizer"]["eot"]
+    assert eot == tok.token_to_id(eos)
+    for split in ("train", "val"):
+        expected = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs + [big]
+                    if prep.is_val(d, 0.2) == (split == "val")]
+        got = [a.tolist() for a in read_split(out, split)]
+        assert got == expected, split
+        assert tok.token_to_id(bos) not in np.concatenate(read_split(out, split))
+    assert manifest["text_in_pieces"] == (kind == "bytelevel")  # Metaspace: files read whole
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_time(kind,
+                                                                                 tmp_path):
+    """The end token is placed, never parsed: a document holding the string "<|endoftext|>"
+    is stored as the folder's tokenizer (what a checkpoint saves, what sample.py and the server
+    encode prompts with) encodes that text, and holds one end token, at its end."""
+    docs = [d + (" <|endoftext|> and on" if i % 3 == 0 else "")
+            for i, d in enumerate(documents(60, seed=17))]
+    out = tmp_path / "set"
+    prep.prepare(write_inputs(tmp_path / "in", docs), out, tokenizer=kind, vocab_size=300,
+                 val_fraction=0.2)
+    tok = prepared.PreparedSet(out, 8).tokenizer
+    saved = tokenizers.from_json(tok.to_json())
+    for split in ("train", "val"):
+        mine = [d for d in docs if prep.is_val(d, 0.2) == (split == "val")]
+        stored = read_split(out, split)
+        assert [a.tolist() for a in stored] == [list(tok.encode(d)) + [tok.eot] for d in mine]
+        assert [list(saved.encode(d)) for d in mine] == [a.tolist()[:-1] for a in stored]
+        assert [(a == tok.eot).sum() for a in stored] == [1] * len(mine)
+        assert [tok.decode(a[:-1]) for a in stored] == mine
+    assert tok.eot not in tok.encode("a <|endoftext|> b")
+
+
+def test_a_prepared_folder_is_on_disk_before_it_has_its_name(tmp_path, monkeypatch):
+    """Power loss, not only SIGKILL: every file of the folder and the folder itself are fsynced
+    before the rename that names it, and the parent folder after it (else the name can reach
+    the disk before the data it names)."""
+    import os
+    events, fsync, rename = [], os.fsync, os.rename
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        fsync(fd)
+
+    def recording_rename(a, b):
+        events.append(("rename", os.path.realpath(a), os.path.realpath(b)))
+        rename(a, b)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    out = tmp_path / "set"
+    prep.prepare(write_inputs(tmp_path / "in", documents(100, seed=22)), out, val_fraction=0.2)
+    [(at, tmp)] = [(i, e[1]) for i, e in enumerate(events) if e[0] == "rename"]
+    before = {e[1] for e in events[:at] if e[0] == "fsync"}
+    assert {os.path.join(tmp, p.name) for p in out.iterdir()} | {tmp} <= before
+    assert os.path.realpath(tmp_path) in {e[1] for e in events[at:] if e[0] == "fsync"}

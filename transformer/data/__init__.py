@@ -4,7 +4,9 @@
     corpus.py      the standard library's sources; what a run read, for its summary
     batches.py     synthetic tasks; a batch is a pure function of (seed, split, index, row)
     sources.py     documents from files, folders, globs: Parquet, JSON Lines, text
+    split.py       which text is held out: whole documents by hash, else the tail (one rule)
     prepare.py     a corpus tokenized once into token shards + manifest (docs/data.md)
+    durable.py     writes of the user's data that survive a power loss (fsync, rename, fsync)
     prepared.py    reading a prepared folder: windows, each epoch a keyed permutation
     cache.py       a corpus named directly, prepared on first use into a cache
 

@@ -17,9 +17,10 @@ name) and cut into the same units: a file or record, a large text file in ~16K-c
 pieces. Every start reads that text again to fingerprint it (for the quick start's 4 MB, a
 few hundredths of a second); only a missing folder costs a prepare.
 
-The split is prepare's, by a hash of each unit, so it does not move when more text is read.
-When that leaves a split empty (a corpus of a few units: a test's small file), the last
-`val_fraction` of the text is held out instead, cut inside a unit where needed.
+The split is prepare's rule (split.py): whole documents by a hash of their text (a document
+over 1 MB in spans of at least 1 MB), so it does not move when more text is read; when that
+leaves a split empty (a corpus of a few documents: a test's small file), the last
+`val_fraction` of the text instead.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import itertools
 import json
-import math
 import os
 import re
 import sys
@@ -37,10 +36,12 @@ import time
 from pathlib import Path
 
 from transformer.data import corpus as corpus_lib
-from transformer.data import prepare, prepared, sources, tokenizers
+from transformer.data import prepare, prepared, sources, split, tokenizers
 from transformer.data.corpus import CorpusError
 
-FORMAT = 1  # of the key: a change to what is read or how it is split changes it
+# Of the key: a change to what is read or how it is split changes it, so no set prepared by
+# another version is reused. 2: one end token a document, split by document (split.py).
+FORMAT = 2
 
 
 def root() -> Path:
@@ -55,8 +56,8 @@ class TextCorpus:
     """The units (text, ends_document) of the corpus `data.corpus` names, at most max_bytes of
     UTF-8 in all; after a full pass, `read` says how much came from how many files."""
 
-    def __init__(self, corpus: str, max_bytes: int, text_field: str = "text"):
-        self.corpus, self.max_bytes, self.field = corpus, max_bytes, text_field
+    def __init__(self, corpus: str, max_bytes: int, text_field: str = "text", cut: bool = True):
+        self.corpus, self.max_bytes, self.field, self.cut = corpus, max_bytes, text_field, cut
         self.read, self.done = None, 0
         if corpus == "stdlib":
             self.name = "the Python standard library"
@@ -83,7 +84,7 @@ class TextCorpus:
             if size >= self.max_bytes:
                 full, unused = True, (len(files) - index if isinstance(files, list) else None)
                 break
-            reader = sources.Reader([path], self.field)
+            reader = sources.Reader([path], self.field, self.cut)
             took = False
             for text, ends in reader.units():
                 raw = text.encode("utf-8", "surrogatepass")
@@ -109,46 +110,33 @@ class TextCorpus:
 
 
 class Plan:
-    """The corpus's units with their split (prepare's (text, ends, split)), decided by a first
-    pass (`scan`) that also fingerprints the text."""
+    """The corpus's units with their split (prepare's (text, ends, split), split.py's rule),
+    decided by a first pass (`scan`) that also fingerprints the text."""
 
     def __init__(self, text: TextCorpus, val_fraction: float):
         self.text, self.val_fraction = text, val_fraction
         self.name = f"data.corpus={text.corpus!r}"
-        self.splits = None
+        self.rule = None
 
     def scan(self, settings: dict) -> str:
-        """Reads the corpus once: its split, and the key of (text, settings)."""
+        """Reads the corpus once: its split rule, and the key of (text, settings)."""
         self._settings = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(),
                                          digest_size=16)
         key = self._settings.copy()
-        lengths, val = [], []
-        for text, ends in self.text.units():
-            raw = _update(key, text, ends)
-            lengths.append(len(text))
-            val.append(prepare.is_val(raw, self.val_fraction))
+        units = _fingerprinted(self.text.units(), key)
+        self.rule = split.choose(units, self.val_fraction)
+        for _ in units:  # the rest of the text, for the key
+            pass
         self.total, self.key = self.text.done, key.hexdigest()
-        self.splits = (["val" if v else "train" for v in val] if 0 < sum(val) < len(val)
-                       else _tail(lengths, self.val_fraction))
         return self.key
 
     def units(self):
-        """(text, ends, split), a unit cut in two where the split is a number (the cut). The
-        text is fingerprinted again as it goes: text that changed since `scan` is an error
-        before the folder is complete, so a folder always holds what its key says."""
-        key, changed = self._settings.copy(), False
-        for unit, split in itertools.zip_longest(self.text.units(), self.splits):
-            if unit is None or split is None:  # another number of units
-                changed = True
-                break
-            text, ends = unit
-            _update(key, text, ends)
-            if isinstance(split, str):
-                yield text, ends, split
-            else:
-                yield text[:split], False, "train"
-                yield text[split:], ends, "val"
-        if changed or key.hexdigest() != self.key:
+        """(text, ends, split). The text is fingerprinted again as it goes: text that changed
+        since `scan` is an error before the folder is complete, so a folder always holds what
+        its key says."""
+        key = self._settings.copy()
+        yield from self.rule.units(_fingerprinted(self.text.units(), key))
+        if key.hexdigest() != self.key:
             raise CorpusError(f"{self.name}: the text changed while it was read; start again")
 
     def progress(self) -> tuple[int, int]:
@@ -158,29 +146,14 @@ class Plan:
         return {"skipped_files": self.text.read.skipped} if self.text.read.skipped else {}
 
 
-def _update(key, text: str, ends: bool) -> bytes:
-    """Adds a unit to the fingerprint `key`; its UTF-8."""
-    raw = text.encode("utf-8", "surrogatepass")
-    key.update(len(raw).to_bytes(8, "little"))
-    key.update(raw)
-    key.update(bytes([ends]))
-    return raw
-
-
-def _tail(lengths: list[int], val_fraction: float) -> list:
-    """Every unit in training but the last val_fraction of the characters (at least one, at
-    most all but one), cut inside a unit where the boundary falls."""
-    total = sum(lengths)
-    need = min(max(1, math.ceil(val_fraction * total)), total - 1)
-    out = ["train"] * len(lengths)
-    for i in reversed(range(len(lengths))):
-        if need <= 0:
-            break
-        if lengths[i] <= need:
-            out[i], need = "val", need - lengths[i]
-        else:
-            out[i], need = lengths[i] - need, 0
-    return out
+def _fingerprinted(units, key):
+    """The units, each added to the fingerprint `key` as it passes."""
+    for text, ends in units:
+        raw = text.encode("utf-8", "surrogatepass")
+        key.update(len(raw).to_bytes(8, "little"))
+        key.update(raw)
+        key.update(bytes([ends]))
+        yield text, ends
 
 
 class CachedSet(prepared.PreparedSet):
@@ -201,9 +174,13 @@ def load(data_config, seq_len: int, tokenizer=None) -> CachedSet:
     """The cached prepared set of `data_config.corpus`, preparing it if it is not there. With
     a checkpoint's `tokenizer` (a resumed run) the set is tokenized by that one."""
     d = data_config
-    text = TextCorpus(d.corpus, d.max_bytes)
+    # A resumed run's own tokenizer may not keep its ids where text is cut into pieces (one
+    # from a Metaspace tokenizer.json): then files are read whole.
+    text = TextCorpus(d.corpus, d.max_bytes,
+                      cut=tokenizer is None or tokenizers.cut_keeps_ids(tokenizer))
     plan = Plan(text, d.val_fraction)
     settings = {"format": FORMAT, "prepare": prepare.FORMAT, "piece": sources.PIECE_CHARS,
+                "span": split.SPAN_BYTES,
                 "val_fraction": d.val_fraction, "tokenizer": d.tokenizer}
     if d.tokenizer == "bpe":
         settings.update(vocab_size=d.bpe_vocab_size, sample_bytes=prepare.SAMPLE_BYTES)

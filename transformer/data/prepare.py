@@ -10,16 +10,18 @@ The command is `python -m transformer prepare` (its flags in tools/prepare.py):
     python train.py --config.data.corpus=data/stdlib --config.model.vocab_size=0
 
 The inputs (files, folders, globs, `stdlib`; Parquet, JSON Lines, text) are read by
-sources.py, one document or text-file piece at a time. Every document ends with the
-end-of-text token (the byte tokenizer's id 256, so its vocabulary is 257). The split is
-decided per document (per piece of a large text file) by a hash of its text: a document is in
-exactly one split and stays there when more data is added.
+sources.py, one document or text-file piece at a time (a piece is a unit of reading only).
+Every document ends with one end-of-text token (the byte tokenizer's id 256, so its vocabulary
+is 257). The split is split.py's rule, the same as the cache's: whole documents by a hash of
+their text (a document over 1 MB in spans of at least 1 MB), or the tail of a corpus with too
+few documents for that.
 
 The folder (docs/data.md), written under a hidden temporary name and renamed when complete:
     manifest.json              what is in it, written last
     tokenizer.json             the `tokenizers` library's file (Tokenizer.from_file reads it)
     train_00000.bin ...        the tokens, uint16 when the vocabulary fits, else uint32
-    train_00000.ends.npy ...   int64: where each document (or piece) in that shard ends
+    train_00000.ends.npy ...   int64: where each document (or the part of one held in this
+                               split: a span, the tail's cut) in that shard ends
     val_00000.bin, val_00000.ends.npy
 
 Memory stays bounded whatever the input size: documents stream from disk in ~1 MB batches
@@ -28,7 +30,7 @@ through a bounded queue; only the current shard's document ends are kept.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import os
 import queue
@@ -41,9 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import durable
+from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
-from transformer.data.sources import Reader, expand
+from transformer.data.sources import PIECE_CHARS, Reader, expand, kind_of
+from transformer.data.split import is_val  # noqa: F401 -- prepare.is_val, where it was
 
 FORMAT = 1
 BATCH_CHARS = 1 << 20        # text handed to the encoder at once (~1 MB)
@@ -52,15 +57,6 @@ SHARD_TOKENS = 1 << 28       # a shard closes at the first document end past thi
 SAMPLE_BYTES = 32_000_000    # BPE learns from at most this much training text (see docs/data.md)
 SPLITS = ("train", "val")
 _EOT_NAMES = (tokenizers.EOT, "</s>", "<|end_of_text|>", "<eos>")  # a given tokenizer's own EOT
-
-
-def is_val(text: str | bytes, val_fraction: float) -> bool:
-    """The split of a document: the first 8 bytes of the BLAKE2b hash of its UTF-8 (`text`,
-    or already encoded) as a fraction of 2^64. Depends on the text alone, so adding documents
-    never moves one (and a larger fraction only moves training documents into validation)."""
-    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-    digest = hashlib.blake2b(raw, digest_size=8).digest()
-    return int.from_bytes(digest, "little") < val_fraction * 2.0**64
 
 
 def build_tokenizer(kind: str, vocab_size: int, sample, documents=None):
@@ -100,13 +96,13 @@ def build_tokenizer(kind: str, vocab_size: int, sample, documents=None):
 
 
 class Encoder:
-    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads).
-    Byte and char ids come from NumPy directly (the tokenizer.json gives the same ids, ~4x
-    slower for char), except in a text holding the end token's string, which the tokenizer
-    itself encodes (as the end token)."""
+    """Batches of texts → arrays of ids, on every core (the tokenizers library's threads), each
+    text taken as text (tokenizers.ordinary: no special token is parsed in it or added to it;
+    the end token is `_write`'s to place). Byte and char ids come from NumPy directly (the
+    tokenizer.json gives the same ids, ~4x slower for char)."""
 
     def __init__(self, tokenizer):
-        self.tok = tokenizer.hf_tokenizer()
+        self.tok = tokenizers.ordinary(tokenizer.hf_tokenizer())
         self.kind = tokenizer.kind
         if self.kind == "char":  # code point -> id
             self.table = np.full(max(map(ord, tokenizer.chars)) + 1, -1, np.int64)
@@ -114,10 +110,9 @@ class Encoder:
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         if self.kind in ("byte", "char"):
-            return [self._direct(t) if tokenizers.EOT not in t
-                    else np.asarray(self.tok.encode(t).ids) for t in texts]
+            return [self._direct(t) for t in texts]
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
-        return [np.asarray(e.ids) for e in encode(texts)]
+        return [np.asarray(e.ids, np.int64) for e in encode(texts, add_special_tokens=False)]
 
     def _direct(self, text: str) -> np.ndarray:
         if self.kind == "byte":
@@ -131,26 +126,30 @@ class Encoder:
 
 
 class SplitWriter:
-    """One split's shards: tokens appended as they come, a shard closed at a document end
-    past SHARD_TOKENS, its document ends saved with it."""
+    """One split's shards: tokens appended as they come, the end of every document (or of the
+    part of one in this split) recorded, a shard closed at such an end past SHARD_TOKENS."""
 
     def __init__(self, folder: Path, split: str, dtype, shard_tokens: int = SHARD_TOKENS):
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
-        self.shards, self.documents, self.pieces, self.tokens, self.bytes = [], 0, 0, 0, 0
+        self.shards, self.documents, self.parts, self.tokens, self.bytes = [], 0, 0, 0, 0
         self._file = None
 
-    def add(self, ids: np.ndarray, nbytes: int, ends_document: bool) -> None:
+    def add(self, ids: np.ndarray, nbytes: int) -> None:
         if self._file is None:
             self._name = f"{self.split}_{len(self.shards):05d}"
             self._file = open(self.folder / f"{self._name}.bin", "wb")
             self._ends, self._length = [], 0
         self._file.write(ids.astype(self.dtype, copy=False).tobytes())
         self._length += len(ids)
-        self._ends.append(self._length)
-        self.pieces += 1
-        self.documents += ends_document
         self.tokens += len(ids)
         self.bytes += nbytes
+
+    def end(self, document: bool) -> None:
+        """Ends what was added since the last end: a document, or (document=False) the part
+        of one that continues in the other split."""
+        self._ends.append(self._length)
+        self.parts += 1
+        self.documents += document
         if self._length >= self.shard_tokens:
             self._close_shard()
 
@@ -158,13 +157,13 @@ class SplitWriter:
         self._file.close()
         np.save(self.folder / f"{self._name}.ends.npy", np.asarray(self._ends, np.int64))
         self.shards.append({"file": f"{self._name}.bin", "tokens": self._length,
-                            "pieces": len(self._ends)})
+                            "parts": len(self._ends)})
         self._file = None
 
     def close(self) -> dict:
         if self._file is not None:
             self._close_shard()
-        return {"documents": self.documents, "pieces": self.pieces, "tokens": self.tokens,
+        return {"documents": self.documents, "parts": self.parts, "tokens": self.tokens,
                 "bytes": self.bytes, "shards": self.shards}
 
 
@@ -189,17 +188,16 @@ class Progress:
               file=sys.stderr, flush=True)
 
 
-class HashSplit:
-    """The units of a Reader with their split by hash (is_val): what the command prepares."""
+class InputSplit:
+    """The units of a Reader with their split (split.py's `rule`): what the command prepares."""
 
-    def __init__(self, reader: Reader, val_fraction: float):
-        self.reader, self.val_fraction = reader, val_fraction
+    def __init__(self, reader: Reader, rule: split_rule.Split):
+        self.reader, self.rule = reader, rule
         files = reader.files
         self.name = f"{' '.join(map(str, files[:3]))}{' ...' if len(files) > 3 else ''}"
 
     def units(self):
-        for text, ends in self.reader.units():
-            yield text, ends, "val" if is_val(text, self.val_fraction) else "train"
+        return self.rule.units(self.reader.units())
 
     def progress(self) -> tuple[int, int]:
         return self.reader.done, self.reader.total
@@ -224,17 +222,33 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
                           "--overwrite replaces only those; choose another --out")
     inputs = [str(i) for i in inputs]
     files = expand(inputs)
-    plan = lambda: HashSplit(Reader(files, text_field), val_fraction)  # noqa: E731
+    # A tokenizer.json from disk is loaded first: where cutting a text file into pieces would
+    # not keep its ids (a Metaspace pre-tokenizer), text files are read whole (and one over
+    # 1 MB is then held out whole, not in spans: spans are cut where pieces are).
+    given = None if tokenizer in ("byte", "char", "bpe") else build_tokenizer(tokenizer, 0, None)
+    cut = given is None or tokenizers.cut_keeps_ids(given, first_pieces(files))
+    rule = split_rule.choose(Reader(files, text_field, cut).units(), val_fraction)
+    plan = lambda: InputSplit(Reader(files, text_field, cut), rule)  # noqa: E731
     begin = time.perf_counter()
-    tok = build_tokenizer(tokenizer, vocab_size, lambda: training_sample(plan(), sample_bytes),
-                          lambda: (text for text, _, _ in plan().units()))
+    tok = given or build_tokenizer(tokenizer, vocab_size,
+                                   lambda: training_sample(plan(), sample_bytes),
+                                   lambda: (text for text, _, _ in plan().units()))
     learned = time.perf_counter() - begin
-    extra = {"val_fraction": val_fraction, "text_field": text_field,
+    extra = {"val_fraction": val_fraction, "text_field": text_field, "text_in_pieces": cut,
              "inputs": inputs, "command": command,
              "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
                           "mtime": st.st_mtime} for p in files]}
     return write(out, plan(), tok, tokenizer, sample_bytes, learned, extra, progress,
                  shard_tokens, replace=True)
+
+
+def first_pieces(files, count: int = 8) -> list[str]:
+    """The first `count` pieces of the first text file long enough to be cut (what
+    tokenizers.cut_keeps_ids checks a given tokenizer on), or none."""
+    for path in files:
+        if kind_of(path) == "text" and path.stat().st_size >= 2 * PIECE_CHARS:
+            return list(itertools.islice((t for t, _ in Reader([path]).units()), count))
+    return []
 
 
 def training_sample(plan, sample_bytes: int):
@@ -262,6 +276,7 @@ def write(out: Path, plan, tok, tokenizer_source: str, sample_bytes: int, learne
                           shard_tokens)
         manifest.update(extra)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        durable.sync_tree(tmp)  # on disk before it has its name: a power loss too (durable.py)
         if out.exists() and replace:  # the old folder goes only once the new one is complete
             shutil.rmtree(out)
         try:
@@ -270,6 +285,7 @@ def write(out: Path, plan, tok, tokenizer_source: str, sample_bytes: int, learne
             if replace or not (out / "manifest.json").is_file():
                 raise
             manifest = json.loads((out / "manifest.json").read_text())  # prepared meanwhile
+        durable.sync(out.parent)  # the rename itself
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
@@ -285,24 +301,31 @@ def _write(plan, folder: Path, tok, tokenizer_source, sample_bytes, learned, pro
     bar = Progress(plan, progress)
     encode = Encoder(tok)
     eot = np.asarray([] if tok.eot is None else [tok.eot], np.int64)
+    open_in = None  # the split holding the start of a document not yet ended
     for batch in _read_ahead(plan):
         texts = [text for text, _, _ in batch]
         for ids, (text, ends, split) in zip(encode(texts), batch):
-            if ends:
+            if open_in not in (None, split):  # the document goes on in the other split
+                writers[open_in].end(document=False)
+            if ends:  # one end token a document, after its last piece
                 ids = np.concatenate([ids, eot])
-            writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")), ends)
+            writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")))
+            if ends:
+                writers[split].end(document=True)
+            open_in = None if ends else split
         bar.show(sum(w.tokens for w in writers.values()))
+    if open_in is not None:
+        writers[open_in].end(document=False)
     splits = {s: w.close() for s, w in writers.items()}
     seconds = {"tokenizer": round(learned, 2), "encode": round(time.perf_counter() - begin, 2)}
     bar.show(sum(s["tokens"] for s in splits.values()), final=True)
     if not splits["train"]["tokens"] + splits["val"]["tokens"]:
         raise CorpusError(f"{plan.name}: no text in the input")
-    for s in SPLITS:
-        if not splits[s]["pieces"]:
-            raise CorpusError(f"no document fell in the {s} split ({splits['train']['pieces']} "
-                              f"train, {splits['val']['pieces']} val pieces): give more text "
-                              "or change --val_fraction")
-    return {"format": FORMAT,
+    for s in SPLITS:  # only with too little text for even the tail's rule (a character)
+        if not splits[s]["tokens"]:
+            raise CorpusError(f"{plan.name}: too little text to hold any out for validation "
+                              f"({splits['train']['bytes']} bytes): give more text")
+    return {"format": FORMAT, "split": plan.rule.record(),
             "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot": tok.eot,
                           "sha256": tokenizers.fingerprint(tok), "file": "tokenizer.json",
                           "source": tokenizer_source,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
 
@@ -43,10 +44,37 @@ def read_manifest(folder) -> dict:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError) as e:
         raise CorpusError(f"{folder}: unreadable manifest.json ({e})") from None
+    if not isinstance(manifest, dict):
+        raise CorpusError(f"{folder}: damaged manifest.json (not a JSON object); prepare the "
+                          "folder again")
     if manifest.get("format") != FORMAT:
         raise CorpusError(f"{folder}: prepared with format {manifest.get('format')}, this "
                           f"version reads format {FORMAT}; prepare it again")
+    _check(folder, manifest)
     return manifest
+
+
+def _check(folder: Path, m: dict) -> None:
+    """What the loader reads of a manifest is there, of the right type: a damaged one is one
+    line naming the part, not a traceback from deep inside the loader."""
+    def need(ok: bool, part: str) -> None:
+        if not ok:
+            raise CorpusError(f"{folder}: damaged manifest.json (its {part!r} is missing or "
+                              "wrong); prepare the folder again")
+    tok = m.get("tokenizer")
+    need(isinstance(tok, dict) and tok.get("kind") in ("byte", "char", "bpe")
+         and isinstance(tok.get("sha256"), str) and isinstance(tok.get("eot", 0), (int, type(None)))
+         and (tok["kind"] == "byte" or isinstance(tok.get("file"), str)), "tokenizer")
+    need(m.get("dtype") in ("uint16", "uint32"), "dtype")
+    splits = m.get("splits")
+    for name in _SPLITS:
+        split = splits.get(name) if isinstance(splits, dict) else None
+        need(isinstance(split, dict) and all(isinstance(split.get(k), int)
+                                             for k in ("tokens", "bytes"))
+             and isinstance(split.get("shards"), list)
+             and all(isinstance(x, dict) and isinstance(x.get("file"), str)
+                     and isinstance(x.get("tokens"), int) for x in split["shards"]),
+             f"splits.{name}")
 
 
 def load_tokenizer(folder, manifest: dict):
@@ -56,7 +84,12 @@ def load_tokenizer(folder, manifest: dict):
         tok = tokenizers.ByteTokenizer(eot=spec["eot"] is not None)
     else:
         from tokenizers import Tokenizer
-        hf = Tokenizer.from_file(str(Path(folder).expanduser() / spec["file"]))
+        path = Path(folder).expanduser() / spec["file"]
+        try:
+            hf = Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception
+            raise CorpusError(f"{path}: damaged ({' '.join(str(e).split())}); prepare the "
+                              "folder again") from None
         if spec["kind"] == "char":  # the characters in id order, the end token after them
             vocab = sorted((i, t) for t, i in hf.get_vocab().items() if i != spec["eot"])
             tok = tokenizers.CharTokenizer("".join(t for _, t in vocab),
@@ -133,15 +166,18 @@ class PreparedSet:
                 "weights": np.ones((len(w), T), np.float32)}
 
     def describe(self, config, name: str | None = None) -> str:
-        """The set (`name`, default "prepared set FOLDER") and what this run reads of it
-        (epochs), for the start-up summary."""
+        """The set (`name`, default "prepared set FOLDER"), how it was split, and what this run
+        reads of it (epochs), for the start-up summary."""
         t, T = config.train, self.seq_len
         train = self.windows["train"]
         epochs = t.steps * t.batch_size / train
         repeat = "; repeats data" if epochs > 1 else ""
         name = name or f"prepared set {self.folder}"
+        splits = self.manifest["splits"]
+        held = split_rule.describe(self.manifest.get("split"), splits["val"],
+                                   splits["train"]["bytes"] + splits["val"]["bytes"])
         return (f"{name} ({self.tokens('train'):,} train tokens = "
-                f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens); "
+                f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens; {held}); "
                 f"this run reads {epochs:.3g} epochs{repeat}")
 
 

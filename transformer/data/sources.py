@@ -6,9 +6,13 @@ Parquet, JSON Lines (plain, .gz, .zst) or text, streamed one document (or piece)
 
 A document is a record, or a text file. A text file is cut into pieces of about PIECE_CHARS
 characters at "x\ny" boundaries (where byte-level BPE always makes the newline a token of its
-own, so the pieces encode to the file's ids); only its last piece ends the document. What
-cannot be read as text is skipped and counted (`Reader.counts`); a wrong text field is an
-error naming the fields there are (docs/data.md).
+own, so the pieces encode to the file's ids; `cut=False` reads it whole, for a tokenizer where
+that does not hold: tokenizers.cut_keeps_ids); only its last piece ends the document. A
+file that is not text at all (a NUL byte or no UTF-8 in its first 64 KB: an image in a folder of
+texts) is skipped and counted, as is a record without a text (`Reader.counts`). A damaged file
+is an error naming the file and the fault: a compressed stream that is cut short or corrupt, a
+JSON Lines line that is not JSON or not UTF-8, an unreadable Parquet file, a text file that
+stops being UTF-8; and so is a wrong text field, naming the fields there are (docs/data.md).
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from __future__ import annotations
 import codecs
 import glob
 import gzip
-import io
 import json
 import os
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -71,8 +75,8 @@ class Reader:
     """The units of the inputs in order: (text, ends_document). A unit is a record, a small
     text file, or a piece of a large one. `done` is the input bytes consumed so far."""
 
-    def __init__(self, files: list[Path], text_field: str = "text"):
-        self.files, self.field = files, text_field
+    def __init__(self, files: list[Path], text_field: str = "text", cut: bool = True):
+        self.files, self.field, self.cut = files, text_field, cut
         self.total = sum(p.stat().st_size for p in files)
         self.done = 0
         self.counts = Counter()  # skipped_files, bad_records (see docs/data.md)
@@ -83,8 +87,9 @@ class Reader:
             read = {"text": self._text, "jsonl": self._jsonl, "parquet": self._parquet}
             try:
                 yield from read[kind_of(path)](path, start)
-            except OSError as e:  # unreadable, or a broken .gz
-                raise CorpusError(f"{path}: {' '.join(str(e).split())}") from None
+            except (OSError, EOFError, zlib.error) as e:  # unreadable; a cut or corrupt .gz
+                raise CorpusError(f"{path}: {' '.join(str(e).split()) or type(e).__name__}"
+                                  ) from None
             self.done = start + size
 
     def _text(self, path: Path, start: int):
@@ -95,10 +100,26 @@ class Reader:
             if b"\0" in raw or _decode_head(raw) is None:
                 self.counts["skipped_files"] += 1  # binary, or not UTF-8
                 return
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            decoder = codecs.getincrementaldecoder("utf-8")()
+
+            def decode(raw: bytes, final: bool = False) -> str:
+                try:
+                    return decoder.decode(raw, final)
+                except UnicodeDecodeError as e:
+                    at = f.tell() - len(raw) + max(e.start, 0)
+                    raise CorpusError(f"{path}: not UTF-8 text near byte {at:,} ({e.reason}): "
+                                      "damaged, or in another encoding") from None
+            if not self.cut:  # the file whole, one unit
+                parts = []
+                while raw:
+                    parts.append(decode(raw))
+                    self.done = start + f.tell()
+                    raw = f.read(1 << 20)
+                yield "".join(parts) + decode(b"", final=True), True
+                return
             buf, pos = "", 0  # pieces are taken from pos on: the ~1 MB buffer is not copied
             while raw:        # once per piece, only once per read
-                buf = buf[pos:] + decoder.decode(raw)
+                buf = buf[pos:] + decode(raw)
                 pos = 0
                 while len(buf) - pos >= 2 * PIECE_CHARS:
                     cut = _cut(buf, PIECE_CHARS, pos)
@@ -106,7 +127,7 @@ class Reader:
                     pos = cut
                 self.done = start + f.tell()
                 raw = f.read(1 << 20)
-            yield buf[pos:] + decoder.decode(b"", final=True), True
+            yield buf[pos:] + decode(b"", final=True), True
 
     def _jsonl(self, path: Path, start: int):
         with open(path, "rb") as raw:
@@ -114,12 +135,7 @@ class Reader:
             if name.endswith(".gz"):
                 stream = gzip.GzipFile(fileobj=raw)
             elif name.endswith(".zst"):
-                try:
-                    import zstandard
-                except ImportError:
-                    raise CorpusError(f"{path}: reading .zst needs the zstandard package "
-                                      "(pip install zstandard)") from None
-                stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+                stream = _zstd_lines(raw, path)
             else:
                 stream = raw
             for n, line in enumerate(stream, 1):
@@ -129,9 +145,12 @@ class Reader:
                     continue
                 try:
                     record = json.loads(line)
-                except ValueError:  # not JSON, or not UTF-8
-                    self.counts["bad_records"] += 1
-                    continue
+                except UnicodeDecodeError as e:
+                    raise CorpusError(f"{path}: line {n:,} is not UTF-8 ({e.reason} at byte "
+                                      f"{e.start} of the line)") from None
+                except ValueError as e:
+                    raise CorpusError(f"{path}: line {n:,} is not JSON ({e}): damaged or cut "
+                                      "short") from None
                 text = record.get(self.field) if isinstance(record, dict) else None
                 if text is None and n == 1:  # the first record decides: a wrong --text_field
                     have = ", ".join(record) if isinstance(record, dict) else type(record).__name__
@@ -166,6 +185,36 @@ class Reader:
         except pyarrow.ArrowException as e:
             raise CorpusError(f"{path}: not a readable Parquet file: "
                               f"{' '.join(str(e).split())}") from None
+
+
+def _zstd_lines(raw, path: Path):
+    """The lines of a zstandard file, frame after frame; a file cut short in a frame (which
+    the library's stream reader ends silently) or corrupt is an error naming it."""
+    try:
+        import zstandard
+    except ImportError:
+        raise CorpusError(f"{path}: reading .zst needs the zstandard package "
+                          "(pip install zstandard)") from None
+    context = zstandard.ZstdDecompressor()
+    frame, fed, tail = context.decompressobj(), False, b""
+    try:
+        while chunk := raw.read(1 << 20):
+            while chunk:
+                if frame.eof:  # the next frame
+                    frame, fed = context.decompressobj(), False
+                fed = True
+                tail += frame.decompress(chunk)
+                chunk = frame.unused_data if frame.eof else b""
+            *lines, tail = tail.split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+    except zstandard.ZstdError as e:
+        raise CorpusError(f"{path}: corrupt zstandard data ({e})") from None
+    if fed and not frame.eof:
+        raise CorpusError(f"{path}: the zstandard stream is cut short (its last frame is "
+                          "incomplete)")
+    if tail:
+        yield tail
 
 
 def _decode_head(raw: bytes):

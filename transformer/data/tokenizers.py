@@ -9,6 +9,11 @@
 - `BPETokenizer`: byte-level BPE (GPT-2's scheme) learned on the training text with the
   `tokenizers` library, `data.bpe_vocab_size` tokens. Encodes any text (unseen characters fall
   back to their bytes); the learned merges travel with the checkpoint inside its JSON.
+
+Text is text: every tokenizer encodes a document's characters as ordinary text, as nanoGPT's
+`encode_ordinary` does (a literal `<|endoftext|>` in it is 13 characters, never the end token),
+and adds nothing around it (a tokenizer.json's post-processor, a Llama-style BOS, is not run).
+The end-of-text token is placed by whoever ends a document (prepare.py), never parsed.
 """
 
 from __future__ import annotations
@@ -143,12 +148,16 @@ class BPETokenizer:
         return cls(tok)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+        return self.ordinary().encode(text, add_special_tokens=False).ids
 
     def encode_array(self, text: str) -> np.ndarray:
-        # Pieces encode in parallel, with the same ids as one encode() of the whole text.
-        ids = [e.ids for e in self._tok.encode_batch(list(_chunks(text)))]
-        return np.fromiter((i for chunk in ids for i in chunk), dtype=np.int32)
+        return np.asarray(self.encode(text), dtype=np.int32)
+
+    def ordinary(self):
+        """The tokenizer that encodes text as text (`ordinary`), made once."""
+        if getattr(self, "_ordinary", None) is None:
+            self._ordinary = ordinary(self._tok)
+        return self._ordinary
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
@@ -165,6 +174,39 @@ def _chunks(text: str, lines: int = 256):
     pieces = re.split(r"(?<=\S\n)(?=\S)", text)
     for i in range(0, len(pieces), lines):
         yield "".join(pieces[i:i + lines])
+
+
+def ordinary(hf):
+    """A copy of the `tokenizers.Tokenizer` hf that takes every string in its input as text:
+    its special tokens are not matched in the input (they stay in the vocabulary: decoding is
+    unchanged), and no post-processor adds any. Encode with add_special_tokens=False."""
+    from tokenizers import Tokenizer
+    spec = json.loads(hf.to_str())
+    spec["added_tokens"] = [t for t in spec.get("added_tokens") or [] if not t.get("special")]
+    spec["post_processor"] = None
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+PROBE = ("def f(x):\n    return x  # a line\nclass A:\n pass\n\tcafé naïve 中文\nx = '  two'\n"
+         "end.\n  indented\n")
+
+
+def cut_keeps_ids(tokenizer, pieces=()) -> bool:
+    """Whether encoding a text in pieces cut at "x\\ny" line boundaries (sources.py) gives the
+    ids of the whole: always for byte and char (an id per byte or character); for a BPE,
+    checked on `pieces` (consecutive pieces of a real text) and on a probe cut at each of its
+    line boundaries. A ByteLevel pre-tokenizer passes (the newline is a pre-token of its own);
+    a Metaspace one (Llama 2, Mistral, T5) does not (it prefixes every piece's first word)."""
+    if tokenizer.kind in ("byte", "char"):
+        return True
+    probe = re.split(r"(?<=\S\n)(?=\S)", PROBE)
+    for texts in (probe, list(pieces)):
+        if len(texts) < 2:
+            continue
+        alone = [i for t in texts for i in tokenizer.encode(t)]
+        if alone != tokenizer.encode("".join(texts)):
+            return False
+    return True
 
 
 def fingerprint(tokenizer) -> str:

@@ -23,13 +23,13 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import ml_collections
 
 from transformer.config import ConfigError, ModelConfig, fields, flatten, validate
+from transformer.data import durable
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
 
@@ -254,12 +254,11 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Writes `text` to `path` so that a reader (or a kill mid-write) sees the old file or the
-    new one, never half of it: a temporary file beside it, then os.replace. The name carries
-    the process id: members of one sweep may run in parallel (--index)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Writes `text` to `path` so that a reader (or a kill mid-write, or a power loss) sees the
+    old file or the new one, never half of it: a temporary file beside it, fsynced, then
+    os.replace, then the folder fsynced (data/durable.py). The name carries the process id:
+    members of one sweep may run in parallel (--index)."""
+    durable.write_atomic(path, text)
 
 
 def budget_label(kind: str, value: float) -> str:

@@ -17,13 +17,15 @@ from absl import flags
 
 from transformer import cli
 from transformer.data import prepare as prepare_lib
+from transformer.data import split
 
 _OUT = flags.DEFINE_string("out", None, "The folder to write (refused if it exists).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", "byte", "byte | char | bpe | a tokenizer.json file.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192,
                               "bpe: the vocabulary, end-of-text token included.")
 _FIELD = flags.DEFINE_string("text_field", "text", "JSONL/Parquet: the field holding the text.")
-_VAL = flags.DEFINE_float("val_fraction", 0.05, "The fraction of documents held out (by hash).")
+_VAL = flags.DEFINE_float("val_fraction", 0.05, "The fraction of documents held out (by hash; "
+                          "docs/data.md).")
 _SAMPLE = flags.DEFINE_integer("sample_bytes", prepare_lib.SAMPLE_BYTES,
                                "bpe: learn the merges from this much training text.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
@@ -53,6 +55,7 @@ def summary(out, manifest: dict, seconds: float) -> str:
             f"{manifest['dtype']}; {mb:,.1f} MB of text in {seconds:.1f}s "
             f"({mb / max(seconds, 1e-9):.1f} MB/s; tokenizer {spent['tokenizer']:.1f}s, "
             f"encoding {spent['encode']:.1f}s = {mb / max(spent['encode'], 1e-9):.1f} MB/s)")
+    line += "; " + split.describe(manifest.get("split"), s["val"], mb * 1e6)
     return line + (f"; skipped: {manifest['skipped']}" if manifest["skipped"] else "")
 
 
