@@ -121,3 +121,36 @@ def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
     text_bytes = sum(len(tokenizer.decode(d).encode()) for d in docs)
     assert ratio == pytest.approx(sum(map(len, docs)) / text_bytes, rel=0.01)
     assert 0.2 < ratio < 0.8  # BPE merges bytes: fewer tokens than bytes
+
+def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_at_the_floor(
+        tmp_path):
+    """A batch poisoned with NaN at step 3 of 8, train.nonfinite=skip. The rate each step
+    applied is read off the weights (every step checkpointed; Adam with b1 = b2 = 0, no decay,
+    no clipping moves every weight by lr·g/(|g| + eps), so the largest move is lr to ~1e-6):
+    it equals the logged `lr` at every step, the skipped step moved nothing and logs 0, and
+    the schedule counts steps, skipped or not, so the last update is at lr·min_lr_ratio.
+    (Before, the skip also rewound the schedule: every later step applied the rate of the
+    step before it, logged the next one's, and the run ended above the floor.)"""
+    from transformer import checkpoint
+    from transformer.train import optimizer
+    from transformer.train.faults import TestHooks
+    from transformer.train.metrics import MetricsLog
+
+    c = _config("copy", 8)
+    c.model.matmul = "plain"
+    c.train.update(warmup_steps=2, lr=1e-2, min_lr_ratio=0.25, b1=0.0, b2=0.0,
+                   weight_decay=0.0, grad_clip=0.0, nonfinite="skip", log_every=1,
+                   ckpt_every=1, keep_checkpoints=100)
+    run.train(c, tmp_path, progress=False, log=lambda s: None, hooks=TestHooks(nan_step=3))
+
+    logged = {m["step"]: m["lr"] for m in MetricsLog(tmp_path).read() if "lr" in m}
+    params = {s: checkpoint.load_run(tmp_path, step=s).params for s in range(1, 9)}
+    applied = {s: max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                      zip(jax.tree.leaves(params[s]), jax.tree.leaves(params[s - 1])))
+               for s in range(2, 9)}
+    assert applied[3] == 0.0 and logged[3] == 0.0  # the skipped step: nothing applied
+    schedule = optimizer.learning_rate(c.train)
+    for s in (2, 4, 5, 6, 7, 8):
+        assert applied[s] == pytest.approx(logged[s], rel=1e-4), (s, applied, logged)
+        assert logged[s] == pytest.approx(float(schedule(s - 1)), rel=1e-6)
+    assert applied[8] == pytest.approx(1e-2 * 0.25, rel=1e-4)  # the floor, skip or not

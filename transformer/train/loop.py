@@ -62,7 +62,9 @@ class Reporter:
         self.tokens_since = 0
         loss = float(metrics["train_loss"])
         mfu = metrics_lib.mfu(tokens_per_s, self.flops_per_token, self.peak, jax.device_count())
-        lr = float(self.schedule(done - 1))  # step `done` was made by update done - 1
+        # The rate this step applied: the schedule at the step (step `done` is update
+        # done - 1, skipped steps included: step.schedule_at), or 0 when it was skipped.
+        lr = 0.0 if bool(metrics["nonfinite"]) else float(self.schedule(done - 1))
         self.log.write(step=done, tokens=done * self.tokens_per_step, train_loss=loss,
                        lr=lr, grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
                        skipped_steps=self.guard.skipped)
