@@ -154,3 +154,37 @@ def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_
         assert applied[s] == pytest.approx(logged[s], rel=1e-4), (s, applied, logged)
         assert logged[s] == pytest.approx(float(schedule(s - 1)), rel=1e-6)
     assert applied[8] == pytest.approx(1e-2 * 0.25, rel=1e-4)  # the floor, skip or not
+
+
+def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_path):
+    """train.profile=3:5 writes a jax.profiler trace (TensorBoard's xplane.pb and a Chrome /
+    Perfetto trace.json.gz) into the workdir, and the run ends with the same params and logs
+    the same losses as the run without it, bit for bit."""
+    import gzip
+    import json
+
+    from transformer import config as config_lib
+    from transformer.train.metrics import MetricsLog
+
+    c = _config("copy", 8)
+    c.train.log_every = 1
+    plain, _ = _train(c, tmp_path / "plain")
+    c.train.profile = "3:5"
+    lines = []
+    traced, _ = run.train(c, tmp_path / "traced", progress=False, log=lines.append)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(traced)):
+        np.testing.assert_array_equal(a, b)
+    losses = [[m["train_loss"] for m in MetricsLog(tmp_path / w).read() if "train_loss" in m]
+              for w in ("plain", "traced")]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
+    [folder] = (tmp_path / "traced" / "plugins" / "profile").iterdir()
+    assert list(folder.glob("*.xplane.pb")) and any(f.stat().st_size for f in folder.iterdir())
+    [chrome] = [f for f in folder.glob("*.trace.json.gz")]
+    events = json.loads(gzip.decompress(chrome.read_bytes()))["traceEvents"]
+    assert any(e.get("dur") for e in events)  # timed events: the steps' work
+    assert any(line.startswith("profile: steps 3..4 traced into") for line in lines)
+    assert not (tmp_path / "plain" / "plugins").exists()
+
+    for bad in ("5:3", "0:2", "3", "a:b", "5:20"):  # 5:20 ends after the run's 8 steps
+        with pytest.raises(config_lib.ConfigError, match="^train.profile="):
+            config_lib.validate(config_lib.replace(c, **{"train.profile": bad}))
