@@ -183,6 +183,10 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
     events = json.loads(gzip.decompress(chrome.read_bytes()))["traceEvents"]
     assert any(e.get("dur") for e in events)  # timed events: the steps' work
     assert any(line.startswith("profile: steps 3..4 traced into") for line in lines)
+    from transformer.tools import trace  # python -m transformer trace: the steps, per op
+    summary = trace.summarize(trace.newest_trace(tmp_path / "traced"))
+    assert summary["executions"] == 2 and summary["ops"] and summary["kinds"]["matmul"] > 0
+    assert sum(summary["kinds"].values()) == pytest.approx(summary["op_ms"])
     assert not (tmp_path / "plain" / "plugins").exists()
 
     for bad in ("5:3", "0:2", "3", "a:b", "5:20"):  # 5:20 ends after the run's 8 steps
