@@ -178,8 +178,9 @@ def _size_table(check, members, rows, predicted: str, fits, C: float, seeds: int
     confirmed, why, gaps = verdict(losses, predicted)
     seed0 = check.base.train.seed
     head = " | ".join(f"val loss, seed {seed0 + k}" for k in range(seeds))
-    lines = [f"Three sizes at C = {C:.3g} FLOPs (the gap is paired: a size's val loss minus the "
-             f"predicted size's at the same seed; positive: the prediction is better):", "",
+    lines = [f"{len(by_size)} sizes at C = {C:.3g} FLOPs (the gap is paired: a size's val loss "
+             "minus the predicted size's at the same seed; positive: the prediction is "
+             "better):", "",
              f"| size | N | D | tokens/param | {head} | mean | gap to {predicted} "
              "[seed noise] | Approach 3 |",
              "|" + "---|" * (7 + seeds)]
