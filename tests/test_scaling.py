@@ -200,7 +200,10 @@ def test_isoflop_report_predicts_and_checks_a_held_out_budget(tmp_path):
     out = []
     best = report_lib.predict(tmp_path, 1e17, log=out.append, n_boot=8)
     assert best["N_int"][0] <= best["N"] <= best["N_int"][1]
-    assert best["D"] / best["N"] > 1 and "nearest ladder size: n_layers=" in out[0]
+    assert best["D"] / best["N"] > 1
+    # This sweep.json has sizes but no base config: the ladder's sizes cannot be counted, so
+    # no size is named (one counted on a default model would not be the one --verify trains).
+    assert "nearest ladder size: (sweep.json lacks the sweep's sizes or base" in out[0]
 
 
 def test_predict_and_holdout_flags_refuse_bad_values(tmp_path):
@@ -294,13 +297,82 @@ def test_a_kill_mid_write_leaves_sweep_state_whole(tmp_path, monkeypatch):
                            else tmp_path / torn).read_text()) == old[torn], torn
 
 
-def test_verify_trains_the_predicted_size_at_four_times_the_largest_budget(tmp_path):
-    """An IsoFLOP sweep written by hand (a tiny ladder's 18 members with the token counts the
-    sweep gives them and losses from a known L(N, D)); --verify then really trains the ladder
-    size nearest Approach 3's optimum at 4x the largest budget, sized as a member would be,
-    and reports its measured loss against the prediction at its N and D."""
+def _write_planted_isoflop(workdir, sweep, truth):
+    """Finished members of an IsoFLOP `sweep`, written by hand: the token counts the sweep
+    gives them and losses from a known L(N, D) (nothing trains)."""
     from transformer.model import flops
     from transformer.model.sizes import model_config_of
+    from transformer.scaling import chinchilla
+    for m in scaling.members(sweep):
+        model = model_config_of(m.config)
+        counts = flops.param_counts(model)
+        run = workdir / m.name
+        run.mkdir(parents=True)
+        (run / "result.json").write_text(json.dumps(dict(
+            name=m.name, index=m.index, budget="flops", budget_value=m.value,
+            n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
+            tokens=m.tokens, params_total=counts["total"],
+            params_non_embedding=counts["non_embedding"],
+            flops=flops.train_flops_per_token(model) * m.tokens, wall_s=1.0, group="")))
+        loss = float(chinchilla.loss_nd(truth, counts["non_embedding"], m.tokens))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "val_loss": loss}) + "\n")
+    (workdir / "sweep.json").write_text(json.dumps({"sweep": json.loads(sweep.to_json())}))
+
+
+TRUTH = dict(E=1.5, A=30.0, alpha=0.3, B=60.0, beta=0.3)
+
+
+def test_predict_and_verify_name_the_same_size_on_a_base_with_gqa_and_swiglu(tmp_path):
+    """configs/scaling/cpu_isoflop.py with multi-query attention and SwiGLU: the size
+    --predict prints is the one --verify trains, counted on the sweep's base (the old
+    --predict counted a default GPT-2 block: d128, 396.8K, where --verify trains L2-d144);
+    its neighbours lie one sweep step (the ratio between the sweep's sizes) either side."""
+    import importlib.util
+
+    from transformer.scaling import verify
+    spec = importlib.util.spec_from_file_location("iso", ROOT / "configs/scaling/cpu_isoflop.py")
+    iso = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(iso)
+    sweep = iso.get_config()
+    sweep.base.model.update(n_kv_heads=1, mlp="swiglu")
+    _write_planted_isoflop(tmp_path, sweep, TRUTH)
+
+    out = []
+    report_lib.predict(tmp_path, 8e12, log=out.append, n_boot=2)
+    [said] = [line for line in out[0].splitlines() if "nearest ladder size" in line]
+    check, fits, C, best, size = verify.plan(tmp_path, 8e12, n_boot=2, seeds=1)
+    cost = fits["cost"]
+    n = cost.count(size)[0]
+    assert said.endswith(f"n_layers={size['n_layers']}, d_model={size['d_model']}, "
+                         f"n_heads={size['n_heads']}, d_ff={size['d_ff']} "
+                         f"({report_lib.human(n)} non-embedding params)"), (said, size)
+    lower, middle, upper = [cost.count(s)[0] for s in check.sizes]
+    assert middle == n and check.sizes[1] == size
+    for ratio in (n / lower, upper / n):
+        assert cost.step / 1.3 < ratio < cost.step * 1.3, (ratio, cost.step)
+
+
+def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():
+    from transformer.scaling.verify import verdict
+    ok, why, gaps = verdict({"a": [3.10, 3.20], "b": [3.00, 3.10], "c": [3.05, 3.12]}, "b")
+    assert ok and why.startswith("confirmed: b") and gaps["a"][0] == pytest.approx(0.10)
+    # c beats b by 0.01 on average; that gap moves by 0.04 between seeds: within its noise
+    ok, why, gaps = verdict({"a": [3.1, 3.2], "b": [3.00, 3.10], "c": [3.01, 3.07]}, "b")
+    assert ok and "within seed noise" in why
+    assert gaps["c"] == pytest.approx((-0.01, np.std([0.01, -0.03], ddof=1)))
+    ok, why, _ = verdict({"a": [3.1, 3.2], "b": [3.0, 3.1], "c": [2.9, 3.01]}, "b")
+    assert not ok and why.startswith("NOT confirmed: c")
+    ok, why, _ = verdict({"a": [3.1], "b": [3.0], "c": [2.999]}, "b")  # one seed: no noise
+    assert not ok and "not measured" in why
+
+
+def test_verify_trains_the_predicted_size_and_its_neighbours_once_per_budget(tmp_path):
+    """An IsoFLOP sweep written by hand (a tiny ladder's 18 members with losses from a known
+    L(N, D)); --verify then really trains the ladder size nearest Approach 3's optimum at 4x
+    the largest budget and its two neighbours, at 2 seeds, sized as members would be, in a
+    folder of that budget, and prints the three-size table and its verdict. A second
+    --verify at another budget trains into its own folder (it used to be refused as
+    "another sweep")."""
     from transformer.scaling import chinchilla, verify
     base = base_config()
     base.model.update(vocab_size=0, max_seq_len=32)
@@ -311,33 +383,35 @@ def test_verify_trains_the_predicted_size_at_four_times_the_largest_budget(tmp_p
     sizes = [dict(name=f"L1-d{d}", n_layers=1, d_model=d, n_heads=-(-d // 16), d_ff=4 * d)
              for d in (8, 16, 24, 32, 48, 64)]
     sweep = scaling.sweep_config(base, sizes, "flops", [2e7, 6e7, 2e8])
-    truth = dict(E=1.5, A=30.0, alpha=0.3, B=60.0, beta=0.3)
-    for m in scaling.members(sweep):
-        model = model_config_of(m.config)
-        counts = flops.param_counts(model)
-        run = tmp_path / m.name
-        run.mkdir()
-        (run / "result.json").write_text(json.dumps(dict(
-            name=m.name, index=m.index, budget="flops", budget_value=m.value,
-            n_layers=model.n_layers, d_model=model.d_model, steps=m.config.train.steps,
-            tokens=m.tokens, params_total=counts["total"],
-            params_non_embedding=counts["non_embedding"],
-            flops=flops.train_flops_per_token(model) * m.tokens, wall_s=1.0, group="")))
-        loss = float(chinchilla.loss_nd(truth, counts["non_embedding"], m.tokens))
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "val_loss": loss}) + "\n")
-    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": json.loads(sweep.to_json())}))
+    _write_planted_isoflop(tmp_path, sweep, TRUTH)
 
     lines = []
-    out = verify.verify(tmp_path, log=lines.append, n_boot=4, progress=False)
+    out = verify.verify(tmp_path, log=lines.append, n_boot=4, progress=False, seeds=2)
     assert out["C"] == 8e8 and out["name"] == "L1-d16_flop8.0e08"  # N_opt 4.1K: d 16 (3.3K)
-    result = json.loads((tmp_path / "verify" / out["name"] / "result.json").read_text())
+    folder = tmp_path / "verify" / "flop8e08"
+    assert out["folder"] == str(folder)
+    result = json.loads((folder / out["name"] / "result.json").read_text())
     assert result["flops"] == pytest.approx(8e8, rel=0.01)  # whole steps of 128 tokens
     assert out["predicted"] == pytest.approx(
-        chinchilla.loss_nd(truth, result["params_non_embedding"], result["tokens"]), rel=1e-3)
+        chinchilla.loss_nd(TRUTH, result["params_non_embedding"], result["tokens"]), rel=1e-3)
     assert 0 < out["measured"] < 6  # a real byte-level run: below ln 256 + a bit
+    trained = sorted(p.parent.name for p in folder.glob("*/result.json"))
+    assert len(trained) == 6 and all(n.endswith("_flop8.0e08") for n in trained)
+    assert {n.split("_")[-2] for n in trained} == {"L1-d12", "L1-d16", "L1-d24"}  # a sweep step
     text = "\n".join(lines)
-    assert "measured val loss" in text and "% of the prediction" in text
-    assert "interval half-widths" in text
+    assert "measured val loss" in text and "interval half-widths" in text
+    table = [line for line in text.splitlines() if line.startswith("| L1-d")]
+    assert [line.split(" | ")[0] for line in table] == ["| L1-d12", "| L1-d16", "| L1-d24"]
+    assert "(predicted)" in table[1] and "confirmed" in text.splitlines()[-1]
+    assert out["verdict"] == text.splitlines()[-1]
+
+    again = _scaling(f"--workdir={tmp_path}", "--verify", "--flops=4e8", "--seeds=1",
+                     "--bootstrap=4")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(list((tmp_path / "verify" / "flop4e08").glob("*/result.json"))) == 3
+    assert "| L1-d" in again.stdout and "confirmed" in again.stdout
+    bad = _scaling(f"--workdir={tmp_path}", "--verify", "--seeds=0")
+    assert bad.returncode == 2 and "--seeds=0" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _finished_sweep(tmp_path, text=TINY_SWEEP):

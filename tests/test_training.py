@@ -121,3 +121,74 @@ def test_bpe_tokens_per_byte_is_the_compression_of_the_held_out_text():
     text_bytes = sum(len(tokenizer.decode(d).encode()) for d in docs)
     assert ratio == pytest.approx(sum(map(len, docs)) / text_bytes, rel=0.01)
     assert 0.2 < ratio < 0.8  # BPE merges bytes: fewer tokens than bytes
+
+def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_at_the_floor(
+        tmp_path):
+    """A batch poisoned with NaN at step 3 of 8, train.nonfinite=skip. The rate each step
+    applied is read off the weights (every step checkpointed; Adam with b1 = b2 = 0, no decay,
+    no clipping moves every weight by lr·g/(|g| + eps), so the largest move is lr to ~1e-6):
+    it equals the logged `lr` at every step, the skipped step moved nothing and logs 0, and
+    the schedule counts steps, skipped or not, so the last update is at lr·min_lr_ratio.
+    (Before, the skip also rewound the schedule: every later step applied the rate of the
+    step before it, logged the next one's, and the run ended above the floor.)"""
+    from transformer import checkpoint
+    from transformer.train import optimizer
+    from transformer.train.faults import TestHooks
+    from transformer.train.metrics import MetricsLog
+
+    c = _config("copy", 8)
+    c.model.matmul = "plain"
+    c.train.update(warmup_steps=2, lr=1e-2, min_lr_ratio=0.25, b1=0.0, b2=0.0,
+                   weight_decay=0.0, grad_clip=0.0, nonfinite="skip", log_every=1,
+                   ckpt_every=1, keep_checkpoints=100)
+    run.train(c, tmp_path, progress=False, log=lambda s: None, hooks=TestHooks(nan_step=3))
+
+    logged = {m["step"]: m["lr"] for m in MetricsLog(tmp_path).read() if "lr" in m}
+    params = {s: checkpoint.load_run(tmp_path, step=s).params for s in range(1, 9)}
+    applied = {s: max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                      zip(jax.tree.leaves(params[s]), jax.tree.leaves(params[s - 1])))
+               for s in range(2, 9)}
+    assert applied[3] == 0.0 and logged[3] == 0.0  # the skipped step: nothing applied
+    schedule = optimizer.learning_rate(c.train)
+    for s in (2, 4, 5, 6, 7, 8):
+        assert applied[s] == pytest.approx(logged[s], rel=1e-4), (s, applied, logged)
+        assert logged[s] == pytest.approx(float(schedule(s - 1)), rel=1e-6)
+    assert applied[8] == pytest.approx(1e-2 * 0.25, rel=1e-4)  # the floor, skip or not
+
+
+def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_path):
+    """train.profile=3:5 writes a jax.profiler trace (TensorBoard's xplane.pb and a Chrome /
+    Perfetto trace.json.gz) into the workdir, and the run ends with the same params and logs
+    the same losses as the run without it, bit for bit."""
+    import gzip
+    import json
+
+    from transformer import config as config_lib
+    from transformer.train.metrics import MetricsLog
+
+    c = _config("copy", 8)
+    c.train.log_every = 1
+    plain, _ = _train(c, tmp_path / "plain")
+    c.train.profile = "3:5"
+    lines = []
+    traced, _ = run.train(c, tmp_path / "traced", progress=False, log=lines.append)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(traced)):
+        np.testing.assert_array_equal(a, b)
+    losses = [[m["train_loss"] for m in MetricsLog(tmp_path / w).read() if "train_loss" in m]
+              for w in ("plain", "traced")]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
+    [folder] = (tmp_path / "traced" / "plugins" / "profile").iterdir()
+    assert list(folder.glob("*.xplane.pb")) and any(f.stat().st_size for f in folder.iterdir())
+    [chrome] = [f for f in folder.glob("*.trace.json.gz")]
+    events = json.loads(gzip.decompress(chrome.read_bytes()))["traceEvents"]
+    assert any(e.get("dur") for e in events)  # timed events: the steps' work
+    assert any(line.startswith("profile: steps 3..4 traced into") for line in lines)
+    from transformer.tools import trace  # python -m transformer trace: the steps, per op
+    summary = trace.summarize(trace.newest_trace(tmp_path / "traced"))
+    assert summary["executions"] == 2 and summary["ops"] and summary["kinds"]["matmul"] > 0
+    assert sum(summary["kinds"].values()) == pytest.approx(summary["op_ms"])
+    assert not (tmp_path / "plain" / "plugins").exists()
+
+    for bad in ("5:3", "0:2", "3", "a:b", "5:20"):  # 5:20 ends after the run's 8 steps
+        with pytest.raises(config_lib.ConfigError, match="^train.profile="):
+            config_lib.validate(config_lib.replace(c, **{"train.profile": bad}))

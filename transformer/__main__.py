@@ -9,6 +9,7 @@
     python -m transformer visualize --workdir=runs/default        attention maps
     python -m transformer explain                                 one head's arithmetic
     python -m transformer bench                                   speed against PyTorch
+    python -m transformer trace runs/default                      a train.profile trace, per op
     python -m transformer device_check                            a GPU/TPU end to end
     python -m transformer serve --workdir=runs/tiny               HTTP API and page
 
@@ -34,6 +35,7 @@ COMMANDS = {
     "visualize": ("transformer.tools.visualize", "attention maps of a trained run (PNG)"),
     "explain": ("transformer.tools.explain", "one head's attention arithmetic, step by step"),
     "bench": ("transformer.tools.bench", "training and decoding speed against PyTorch"),
+    "trace": ("transformer.tools.trace", "where a train.profile trace's step time went, per op"),
     "device_check": ("transformer.tools.device_check", "a GPU/TPU end to end"),
     "serve": ("transformer.serve", "an OpenAI-compatible HTTP server and a page showing attention"),
 }

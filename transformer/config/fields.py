@@ -98,6 +98,29 @@ def _weights(path):
                             "file ('' starts from random weights)")
 
 
+def step_range(spec: str) -> tuple[int, int] | None:
+    """train.profile's "START:STOP" -> (START, STOP), 1 <= START < STOP; "" -> None. Raises
+    ValueError on anything else."""
+    if not spec:
+        return None
+    start, sep, stop = spec.partition(":")
+    if not sep:
+        raise ValueError(spec)
+    a, b = int(start), int(stop)
+    if not 1 <= a < b:
+        raise ValueError(spec)
+    return a, b
+
+
+def _step_range(v):
+    try:
+        step_range(v)
+    except ValueError:
+        return ("must be a step range START:STOP with 1 <= START < STOP (10:15 traces steps "
+                "10..14), or '' for no trace")
+    return None
+
+
 def _f(name, default, doc, resume, choices=(), check=None):
     return Field(name, default, doc, resume, tuple(choices), check)
 
@@ -183,6 +206,10 @@ _TRAIN = [
     _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
     _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
     _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),
+    # Tracing waits for steps but changes no step's numbers (train/profile.py).
+    _f("train.profile", "", "steps START:STOP (1-based, STOP excluded) to trace with "
+       "jax.profiler into <workdir>/plugins/profile (docs/performance.md); '' = off", FREE,
+       check=_step_range),
     _f("train.wandb", "off", "also log to Weights & Biases (pip install -e .[wandb]): online, "
        "offline (files in the workdir, for wandb sync) or off", FREE, WANDB_MODES),
     _f("train.wandb_project", "transformer", "the Weights & Biases project runs log to", FREE),

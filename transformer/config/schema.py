@@ -163,6 +163,10 @@ def _check_train(t) -> None:
         _fail("train.grad_accum", t.grad_accum,
               f"must divide train.batch_size={t.batch_size} (the batch of one update is split "
               "into grad_accum micro-batches)")
+    span = fields.step_range(t.profile)
+    if span and span[1] - 1 > t.steps:
+        _fail("train.profile", t.profile, f"the run has train.steps={t.steps}: the range must "
+              f"end by step {t.steps} (STOP <= {t.steps + 1})")
 
 
 def _check_data(d) -> None:

@@ -6,6 +6,7 @@
     python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop --predict --flops=1e15
     python -m transformer scaling --workdir=runs/isoflop --verify     # train the prediction
+    python -m transformer scaling --workdir=runs/isoflop --verify --flops=2e13 --seeds=1
 
 sweep.py trains the members, report.py reads them back, verify.py checks a prediction by
 training it.
@@ -33,9 +34,12 @@ def _main():
                                      "loss at --flops from the IsoFLOP runs in --workdir.")
     flops_flag = flags.DEFINE_float("flops", None, "The training budget for --predict (and "
                                     "--verify: default 4x the sweep's largest).")
-    verify_flag = flags.DEFINE_bool("verify", False, "Train the compute-optimal run the "
+    verify_flag = flags.DEFINE_bool("verify", False, "Train the compute-optimal size the "
                                     "IsoFLOP fits predict at --flops (default 4x the largest "
-                                    "budget) and print measured vs predicted loss.")
+                                    "budget) and its two ladder neighbours; print measured vs "
+                                    "predicted loss and whether the predicted size is best.")
+    seeds_flag = flags.DEFINE_integer("seeds", 2, "With --verify: seeds per size (train.seed, "
+                                      "+1, ...); 2 or more measure the seed noise.")
     holdout_flag = flags.DEFINE_string("holdout", None, "With --report: 'largest' refits "
                                        "without the largest budget and checks its runs.")
     boot_flag = flags.DEFINE_integer("bootstrap", 100, "Bootstrap resamples per interval.")
@@ -51,9 +55,11 @@ def _main():
         if verify_flag.value:
             if flops_flag.value is not None and flops_flag.value <= 0:
                 cli.fail("--verify --flops=C: the budget must be positive")
+            if seeds_flag.value < 1:
+                cli.fail(f"--seeds={seeds_flag.value}: must be at least 1")
             from transformer.scaling import verify
             verify.verify(workdir_flag.value, flops_flag.value, n_boot=boot_flag.value,
-                          progress=not no_progress.value)
+                          progress=not no_progress.value, seeds=seeds_flag.value)
             return
         if predict_flag.value:
             if not flops_flag.value or flops_flag.value <= 0:

@@ -21,7 +21,7 @@ import math
 import ml_collections
 import numpy as np
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import ConfigError
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
 from transformer.scaling import chinchilla, plot
@@ -62,28 +62,57 @@ class LadderCost:
     (smooth: F is a quadratic in the width); `nearest(N)` is the ladder size to train."""
 
     def __init__(self, sweep: dict):
-        base = ml_collections.ConfigDict(sweep["base"])
+        self.base = ml_collections.ConfigDict(sweep["base"])
         self.sizes, points = [], []
+        kv_heads = self.base.model.get("n_kv_heads", 0)
         for size in ladder_shapes(sweep):
-            config = ml_collections.ConfigDict(base.to_dict())
-            config.model.update({k: v for k, v in size.items() if k != "name"}, matmul="plain")
-            model = model_config_of(config)
-            points.append((flops.param_counts(model)["non_embedding"],
-                           flops.train_flops_per_token(model)))
+            if kv_heads and size["n_heads"] % kv_heads:
+                continue  # grouped-query attention needs whole groups: the base cannot build it
+            points.append(self.count(size))
             self.sizes.append(size)
         order = np.argsort([n for n, _ in points])
         self.sizes = [self.sizes[i] for i in order]
         self.N = np.array([points[i][0] for i in order], float)
         self.F = np.array([points[i][1] for i in order], float)
         self.n_range = (float(self.N[0]), float(self.N[-1]))
+        # One step of the sweep's own ladder, as a ratio of N: what "a neighbour" means.
+        swept = sorted({self.count(size)[0] for size in sweep["sizes"]})
+        self.step = ((swept[-1] / swept[0]) ** (1 / (len(swept) - 1)) if len(swept) > 1
+                     else None)
+
+    def count(self, size: dict) -> tuple[int, int]:
+        """(non-embedding params, training FLOPs per token) of `size` on the sweep's base."""
+        config = ml_collections.ConfigDict(self.base.to_dict())
+        config.model.update({k: v for k, v in size.items() if k != "name"}, matmul="plain")
+        model = model_config_of(config)
+        return flops.param_counts(model)["non_embedding"], flops.train_flops_per_token(model)
 
     def __call__(self, N):
         return np.exp(np.interp(np.log(N), np.log(self.N), np.log(self.F)))
 
+    def _index(self, N: float) -> int:
+        return int(np.argmin(np.abs(np.log(self.N) - math.log(N))))
+
     def nearest(self, N: float) -> tuple[dict, float, float]:
-        """(the ladder size nearest N in log space, its N, its F)."""
-        i = int(np.argmin(np.abs(np.log(self.N) - math.log(N))))
+        """(the ladder size nearest N in log space, its N, its F): the size that --predict
+        names and --verify trains."""
+        i = self._index(N)
         return self.sizes[i], float(self.N[i]), float(self.F[i])
+
+    def neighbours(self, N: float) -> list[dict]:
+        """The ladder sizes one sweep step below and above the size nearest N (the sweep's
+        geometric step in N between its own sizes; the next ladder size where that lands on
+        the same one), smaller first; one only at an end of the ladder."""
+        i = self._index(N)
+        out = []
+        for direction in (-1, 1):
+            j = i + direction if self.step is None else \
+                self._index(self.N[i] * self.step ** direction)
+            if j == i:
+                j = i + direction
+            if 0 <= j < len(self.sizes):
+                out.append(self.sizes[j])
+        return out
 
 
 def cost_of(sweep: dict | None, runs):
@@ -175,21 +204,13 @@ def optimum(fits, C: float) -> dict:
     return out
 
 
-def nearest_size(sweep: dict | None, n_target: float) -> str:
-    """The size of the sweep's ladder rule (`ladder_shapes`) whose non-embedding count is
-    nearest n_target in log space."""
-    if not sweep or not sweep.get("sizes"):
-        return "(no sweep.json: ladder unknown)"
-    best = None
-    for size in ladder_shapes(sweep):
-        m = ModelConfig(vocab_size=1, d_model=size["d_model"], n_layers=size["n_layers"],
-                        n_heads=size["n_heads"], d_ff=size["d_ff"], max_seq_len=1,
-                        matmul="plain")
-        n = flops.param_counts(m)["non_embedding"]
-        gap = abs(math.log(n / n_target))
-        if best is None or gap < best[0]:
-            best = (gap, _size_text(size, n))
-    return best[1]
+def nearest_size(cost, n_target: float) -> str:
+    """The ladder size nearest n_target, as LadderCost.nearest picks it (the one --verify
+    trains), counted on the sweep's base config."""
+    if not isinstance(cost, LadderCost):
+        return "(sweep.json lacks the sweep's sizes or base config: ladder unknown)"
+    size, n, _ = cost.nearest(n_target)
+    return _size_text(size, n)
 
 
 def _size_text(size: dict, n: float) -> str:
@@ -197,7 +218,7 @@ def _size_text(size: dict, n: float) -> str:
             f"n_heads={size['n_heads']}, d_ff={size['d_ff']} ({human(n)} non-embedding params)")
 
 
-def prediction_lines(fits, C: float, sweep) -> list[str]:
+def prediction_lines(fits, C: float) -> list[str]:
     p = optimum(fits, C)
     lines = [f"compute-optimal at C = {C:.3g} FLOPs (Approach 3, 95% bootstrap intervals):",
              f"  N_opt = {human(p['N'])} non-embedding params "
@@ -207,7 +228,7 @@ def prediction_lines(fits, C: float, sweep) -> list[str]:
              f"[{p['ratio_int'][0]:.3g}, {p['ratio_int'][1]:.3g}]",
              f"  predicted val loss = {p['loss']:.4f} "
              f"[{p['loss_int'][0]:.4f}, {p['loss_int'][1]:.4f}] nats/token",
-             f"  nearest ladder size: {nearest_size(sweep, p['N'])}"]
+             f"  nearest ladder size: {nearest_size(fits['cost'], p['N'])}"]
     if isinstance(fits["cost"], LadderCost):
         lines.append("  (D(N, C) = C / F(N), F counted along the ladder rule: "
                      "flops.train_flops_per_token)")

@@ -119,7 +119,7 @@ def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
     lines = ["", *isoflop.describe(fits)]
     if fits["a3"] is not None:
         largest = max(r["budget"] for r in runs)
-        lines += ["", *isoflop.prediction_lines(fits, largest, _sweep_of(workdir))]
+        lines += ["", *isoflop.prediction_lines(fits, largest)]
     if holdout:
         lines += ["", *isoflop.holdout_lines(runs, holdout, n_boot)]
     png = isoflop.plot_isoflop(runs, fits, workdir / "isoflop.png")
@@ -205,7 +205,7 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
         raise ConfigError(f"--predict: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
     fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir))
-    log("\n".join(isoflop.prediction_lines(fits, flops_budget, _sweep_of(workdir))))
+    log("\n".join(isoflop.prediction_lines(fits, flops_budget)))
     return isoflop.optimum(fits, flops_budget)
 
 

@@ -17,6 +17,7 @@ saves that step together and raises the same `Stopped`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -28,6 +29,7 @@ from transformer.train import metrics as metrics_lib
 from transformer.train import optimizer, signals
 from transformer.train.faults import NonFiniteGuard, TestHooks
 from transformer.train.metrics import MetricsLog, Progress, Throughput
+from transformer.train.profile import NO_TRACE, StepTrace
 from transformer.train.trainer import Trainer, bits_per_byte, compute_precision, evaluate
 
 
@@ -62,7 +64,9 @@ class Reporter:
         self.tokens_since = 0
         loss = float(metrics["train_loss"])
         mfu = metrics_lib.mfu(tokens_per_s, self.flops_per_token, self.peak, jax.device_count())
-        lr = float(self.schedule(done - 1))  # step `done` was made by update done - 1
+        # The rate this step applied: the schedule at the step (step `done` is update
+        # done - 1, skipped steps included: step.schedule_at), or 0 when it was skipped.
+        lr = 0.0 if bool(metrics["nonfinite"]) else float(self.schedule(done - 1))
         self.log.write(step=done, tokens=done * self.tokens_per_step, train_loss=loss,
                        lr=lr, grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
                        skipped_steps=self.guard.skipped)
@@ -80,18 +84,21 @@ class Loop:
     hooks: TestHooks
     bar: Progress
     tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
+    trace: StepTrace = NO_TRACE      # train.profile's jax.profiler trace
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
         t = self.trainer.config.train
         reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard)
         vote = processes.StopVote()
-        with signals.GracefulStop() as stop:
+        with signals.GracefulStop() as stop, _closing(self.trace):
             for step in range(start, end):
                 done = step + 1
                 batch = self.hooks.poison(self.trainer.batch(self.source, t.seed, "train", step),
                                           done)
+                self.trace.before(done, state)
                 state, metrics = self.trainer.step_fn(state, batch)
+                self.trace.after(done, state)
                 reporter.flush()  # the previous logging step's: this step is queued already
                 self.guard.push(done, metrics["nonfinite"])
                 self.hooks.after_step()
@@ -130,3 +137,12 @@ class Loop:
         if signum:
             self.ckpts.wait()
             raise signals.Stopped(signum, done)
+
+
+@contextlib.contextmanager
+def _closing(trace: StepTrace):
+    """A trace still running when the loop ends (a stop, an error) is stopped and written."""
+    try:
+        yield
+    finally:
+        trace.close()

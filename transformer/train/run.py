@@ -35,6 +35,7 @@ from transformer.train import trackers
 from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
 from transformer.train.loop import Loop
 from transformer.train.metrics import MetricsLog, Progress
+from transformer.train.profile import StepTrace
 from transformer.train.trainer import Trainer
 
 
@@ -108,8 +109,9 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     bar = Progress(first, t.steps, enabled=progress, lines=jax.process_index() == 0)
     hooks.install()
     guard = NonFiniteGuard(t.nonfinite, skipped)
+    trace = StepTrace(t.profile, plan.workdir, log, enabled=jax.process_index() == 0)
     loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
-                data.tokens_per_byte(plan.tokenizer, plan.source))
+                data.tokens_per_byte(plan.tokenizer, plan.source), trace)
     try:
         state = loop.run(state, first, end)
     finally:

@@ -63,9 +63,25 @@ def accumulated_grad(params, batch, model_config, micro_batches: int):
     return loss_sum / count, jax.tree.map(lambda g: g / count, grad_sum)
 
 
+def schedule_at(opt_state, step):
+    """`opt_state` with the learning-rate schedule's count set to `step`.
+
+    The schedule is a function of the step, as the batch is: a skipped (non-finite) step
+    reverts the optimizer state, its schedule count too, while the step advances; without
+    this the schedule would lag one update behind per skip and the run would end above
+    lr·min_lr_ratio. Adam's own count (bias correction) stays with the moments it counts."""
+    def at(s):
+        if isinstance(s, optax.ScaleByScheduleState):
+            return s._replace(count=jnp.asarray(step, s.count.dtype))
+        return s
+    return jax.tree.map(at, opt_state,
+                        is_leaf=lambda s: isinstance(s, optax.ScaleByScheduleState))
+
+
 def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1):
     loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    updates, opt_state = optimizer.update(grads, schedule_at(state.opt_state, state.step),
+                                          state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
     # A NaN/inf anywhere in the gradient makes its norm non-finite. Such an update is not
