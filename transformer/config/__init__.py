@@ -32,6 +32,7 @@ from transformer.config.schema import (  # noqa: F401
     check_sampling,
     flatten,
     from_dict,
+    padded_vocab,
     replace,
     to_dict,
     validate,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from transformer import config as config_lib
 from transformer.config import ConfigError, resume
 from transformer.hf import load as hf_load
 from transformer.model.kernels import auto
-from transformer.parallel import processes
+from transformer.parallel import processes, sharding
 from transformer.train import workdir as workdir_lib
 from transformer.train.trainer import Trainer, TrainState
 from transformer.train.workdir import WorkdirLock
@@ -40,14 +41,27 @@ def resolve_config(config):
     return auto.resolve(config_lib.replace(config_lib.validate(config)))
 
 
-def resolve(config, tokenizer):
+def resolve(config, tokenizer, mesh=None, saved=None):
     """The config with derived values filled in (a new one; `config` is left as it is): the
-    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
+    vocabulary size from the tokenizer when it is 0, padded up to a multiple of
+    model.vocab_multiple and of the pieces `mesh` splits the vocabulary into (so that
+    mesh.tensor=2 needs no hand-padding); a resumed run keeps its checkpoint's (`saved`, the
+    config it was saved with), whatever mesh it resumes on. Refuses what this machine cannot
+    run."""
     if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
                           f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
     if config.model.vocab_size == 0:
-        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
+        saved = (saved or {}).get("model", {})
+        if saved.get("vocab_size", 0) >= tokenizer.vocab_size:
+            return config_lib.replace(config, **{"model.vocab_size": saved["vocab_size"],
+                                                 "model.vocab_used": saved.get("vocab_used", 0)})
+        multiple = config.model.vocab_multiple
+        if mesh is not None:
+            multiple = math.lcm(multiple, sharding.shards(mesh, sharding.axis_rules(config),
+                                                          "vocab"))
+        return config_lib.replace(config, **config_lib.padded_vocab(tokenizer.vocab_size,
+                                                                    multiple))
     if (config.model.vocab_size < tokenizer.vocab_size
           and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
@@ -105,7 +119,7 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     else:
         config, tokenizer = _init_from(config)  # None: data.tokenizer decides
     tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
-    config = resolve(config, tokenizer)
+    config = resolve(config, tokenizer, mesh, found.meta["config"] if found else None)
     diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
