@@ -14,6 +14,7 @@ imports nothing else of the package. The schema's names are importable from here
 from transformer.config.fields import (  # noqa: F401  (the room's public face)
     ATTENTION_KERNELS,
     DTYPES,
+    GPT2_BLOCK,
     MATMUL,
     MATMUL_MODES,
     MESH_AXES,

@@ -240,6 +240,15 @@ _SAMPLE = [
     _f("sample.top_p", 0.95, "keep the smallest set with this probability; 1 disables", FREE),
 ]
 
+# GPT-2's block (Radford et al. 2019), every model field that says what the block computes:
+# what a GPT-2 checkpoint needs whatever the defaults above become (configs/gpt2.py,
+# configs/gpt2_small.py, hf/mapping.py's import of a GPT-2 folder). The fields left out give
+# the shape or how the same arithmetic runs; tests/test_hf.py checks that split.
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "norm_placement": "pre",
+              "mlp": "gelu", "bias": True, "qk_norm": False, "logit_softcap": 0.0,
+              "n_kv_heads": 0, "sliding_window": 0, "tie_embeddings": True,
+              "zero_init_out": False, "vocab_used": 0}
+
 FIELDS: tuple[Field, ...] = (*_MODEL, *_DATA, *_TRAIN, *_MESH, *_SAMPLE)
 BY_NAME = {f.name: f for f in FIELDS}
 MODEL_FIELDS = tuple(f for f in FIELDS if f.section == "model")
