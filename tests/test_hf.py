@@ -416,3 +416,29 @@ def test_gpt2_paths_spell_out_every_field_of_the_block():
         c = module.get_config()
         assert {k: c.model[k] for k in config_lib.GPT2_BLOCK} == config_lib.GPT2_BLOCK
         assert hf.family(ModelConfig.from_config(c)) == "gpt2"
+
+
+def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
+    """vocab_size=0 with vocab_multiple=64: the run trains 320 rows for the byte tokenizer's
+    257 ids, saves vocab_used=257, sample.py decodes from it (text only: a padding id has
+    none), and export writes the 257 ids with logits equal to ours."""
+    import transformers
+    config = run_config(vocab_size=0, vocab_multiple=64, max_seq_len=32)
+    (tmp_path / "corpus.txt").write_text("def f(x):\n    return x + 1\n" * 300)
+    config.data.update(corpus=str(tmp_path / "corpus.txt"))
+    config.train.update(steps=2, batch_size=2, eval_every=2, eval_batches=1, ckpt_every=2,
+                        log_every=1)
+    config.sample.max_new_tokens = 8
+    run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    saved = checkpoint.load_run(tmp_path / "run")
+    assert (saved.model_config.vocab_size, saved.model_config.vocab_used) == (320, 257)
+    result = run_cli("sample.py", f"--workdir={tmp_path / 'run'}", "--prompt=def ",
+                     "--max_new_tokens=20", "--temperature=2", "--top_k=0", "--no_stream")
+    assert result.returncode == 0, result.stderr
+    out = export.export(tmp_path / "run", tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.config.vocab_size == 257
+    mc = dataclasses.replace(saved.model_config, matmul="plain")
+    x = tokens(mc, T=20) % 257
+    np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, jax.device_get(saved.params),
+                                                               x)[..., :257], atol=TOL)

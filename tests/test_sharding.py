@@ -192,6 +192,21 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
     assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
 
 
+def test_the_modern_pieces_sharded_match_one_device(tmp_path):
+    """QK-norm, ReLU², no biases, soft-cap, untied head, padded ids and the z-loss on a
+    (2, 2, 2) mesh of 8 simulated devices: the losses, parameters and
+    greedy tokens of one device, parameters split as the rules say, no padding id decoded."""
+    out = tmp_path / "modern.json"
+    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out), "modern"],
+                            cwd=ROOT, env=simulated_devices_env(8), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, report
+    assert report["misplaced"] == [] and report["decode_same"], report
+    assert report["max_token"] < 61
+
+
 def test_a_vocabulary_the_mesh_cannot_split_evenly_is_refused_naming_the_padded_size():
     """257 ids (256 bytes and the end-of-text token) on mesh.tensor=2: the error names the
     padded size that fits, and that size (or keeping the vocabulary whole) is accepted."""

@@ -456,6 +456,8 @@ def test_vocab_zero_is_padded_to_the_multiple_and_to_the_mesh_once_at_the_start(
                                                                  "tensor": 3}))) == (384, 257)
     saved = config_lib.to_dict(on_mesh)
     assert model(start.resolve(config, tok, None, saved)) == (258, 257)
+    by_hand = config_lib.replace(config, **{"model.vocab_size": 264})  # docs/scaling-out.md
+    assert model(start.resolve(by_hand, tok)) == (264, 257)  # its extra ids are padding too
     assert config.model.vocab_size == 0  # the caller's config is left as it is
 
 

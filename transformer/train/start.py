@@ -62,11 +62,15 @@ def resolve(config, tokenizer, mesh=None, saved=None):
                                                           "vocab"))
         return config_lib.replace(config, **config_lib.padded_vocab(tokenizer.vocab_size,
                                                                     multiple))
-    if (config.model.vocab_size < tokenizer.vocab_size
-          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
+    if config.data.corpus in data.SYNTHETIC:  # synthetic tasks draw below vocab_size: no padding
+        return config
+    if config.model.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
+    if config.model.vocab_size > tokenizer.vocab_size and not config.model.vocab_used:
+        # Padded by hand: those ids are padding too, never sampled.
+        return config_lib.replace(config, **{"model.vocab_used": tokenizer.vocab_size})
     return config
 
 
