@@ -74,6 +74,20 @@ def resolve(config, tokenizer, mesh=None, saved=None):
     return config
 
 
+def saved_config(workdir) -> dict | None:
+    """The config the newest checkpoint in `workdir` was saved with (derived values as that
+    run resolved them), or None: how a caller after training (train.py's sample) resolves
+    vocab_size=0 as training did, on whatever mesh the run padded it for."""
+    if not checkpoint.directory(workdir).is_dir():
+        return None
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    try:
+        steps = ckpts.all_steps()
+        return ckpts.read_meta(steps[-1])["config"] if steps else None
+    finally:
+        ckpts.close()
+
+
 @dataclasses.dataclass
 class Plan:
     """What a run found before writing anything."""
