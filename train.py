@@ -137,7 +137,8 @@ def main(argv):
         raise config_lib.ConfigError(f"{e}; train.py without --config uses configs/default.py, "
                                      f"and this run was trained with: {_trained_with(workdir)}"
                                      ) from None
-    config = start.resolve(config, tokenizer)  # model.vocab_size=0 filled in as training did
+    # model.vocab_size=0 filled in as training did (padded for its mesh): from its checkpoint
+    config = start.resolve(config, tokenizer, mesh, start.saved_config(workdir))
     s = config.sample
     try:
         [text] = textgen.sample_text(

@@ -29,8 +29,13 @@ SMALL = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, d_ff=256,
                 position="rope", norm="rmsnorm", mlp="swiglu", n_kv_heads=2),
     ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=16,
                 norm_placement="post", mlp="relu", n_kv_heads=1, tie_embeddings=False),
+    ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=16,
+                position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False,
+                tie_embeddings=False, n_kv_heads=2),
+    ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=96, max_seq_len=16,
+                mlp="swiglu", qk_norm=True, bias=False, scan_layers=True),
 ], ids=["tied", "untied", "scanned", "untied-scanned-remat", "rope-rms-swiglu-gqa",
-        "post-relu-mqa-untied"])
+        "post-relu-mqa-untied", "qknorm-relu2-nobias", "layernorm-nobias-qknorm-swiglu"])
 def test_counts_equal_the_initialised_parameters(config):
     real = count_params(init_params(config, jax.random.key(0)))
     assert flops.param_counts(config)["total"] == real

@@ -31,8 +31,12 @@ from transformer.train import trainer as training
 # process collects this module (both xdist workers, device_check's), one runs it.
 TOL = 1e-4
 # matmul=plain: float32 arithmetic, compared with transformers to 1e-4
+# GPT-2's block spelled out (GPT2_BLOCK), so that these tests keep meaning GPT-2 whatever the
+# field defaults and configs/default.py become; variants override it.
 BASE = dict(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=128,
-            matmul="plain")
+            matmul="plain", **config_lib.GPT2_BLOCK)
+LLAMA = dict(position="rope", norm="rmsnorm", mlp="swiglu")
+CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 VARIANTS = {
     "gpt2_tied": {},
     "gpt2_untied": dict(tie_embeddings=False),
@@ -41,7 +45,15 @@ VARIANTS = {
     "llama_gqa_untied": dict(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_heads=2,
                              tie_embeddings=False),
     "llama_tied": dict(position="rope", norm="rmsnorm", mlp="swiglu"),
+    "llama_nobias": dict(**LLAMA, bias=False),
+    "qwen3_qknorm_gqa_untied": dict(**LLAMA, qk_norm=True, bias=False, n_kv_heads=2,
+                                    tie_embeddings=False),
+    "qwen3_qknorm_tied_scanned": dict(**LLAMA, qk_norm=True, bias=False, scan_layers=True),
 }
+
+
+def model_config(**fields):
+    return ModelConfig(**{**BASE, **fields})
 
 
 def random_params(mc, seed=0, scale=0.3):
@@ -71,12 +83,11 @@ def tokens(mc, T=40, B=2, seed=0):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
     import transformers
-    mc = ModelConfig(**BASE, **VARIANTS[name])
+    mc = model_config(**VARIANTS[name])
     params = random_params(mc)
     out = export.write_folder(mc, params, tokenizers.ByteTokenizer(), tmp_path / "hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    expected = "GPT2LMHeadModel" if mc.position == "learned" else "LlamaForCausalLM"
-    assert type(model).__name__ == expected
+    assert type(model).__name__ == CLASSES[name.split("_")[0]]
     x = tokens(mc)
     np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params, x), atol=TOL, rtol=0)
     # ... and importing the export gives back exactly the parameters that went in.
@@ -119,7 +130,7 @@ def test_greedy_sample_equals_hf_generate(tmp_path):
     """sample.py --hf (temperature 0) and HF generate(do_sample=False): the same 100 tokens."""
     import torch
     import transformers
-    mc = ModelConfig(**BASE)
+    mc = model_config()
     out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
                               tmp_path / "hf")
     prompt = "def main():"
@@ -143,7 +154,7 @@ def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
     import transformers
     text = "def f(x):\n    return x  # héllo, 世界\n" * 20
     tok = tokenizers.build(kind, text, 300)
-    mc = ModelConfig(**{**BASE, "vocab_size": max(256, tok.vocab_size)})
+    mc = model_config(vocab_size=max(256, tok.vocab_size))
     out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     sample = "return f(x)  # 世界\n"
@@ -156,7 +167,7 @@ def test_an_exported_end_of_text_token_ends_hf_generation_where_ours_ends(tmp_pa
     stops at the same token our sampler stops at, and its tokenizer names it."""
     import transformers
     tok = tokenizers.ByteTokenizer(eot=True)
-    mc = ModelConfig(**{**BASE, "vocab_size": 257})
+    mc = model_config(vocab_size=257)
     out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
     assert transformers.AutoConfig.from_pretrained(out).eos_token_id == tok.eot == 256
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -211,7 +222,9 @@ def test_export_cli_refuses_unsupported_variant_writing_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("norm", "rmsnorm"), ("mlp", "swiglu"),
-                                          ("n_kv_heads", 2), ("sliding_window", 16)])
+                                          ("n_kv_heads", 2), ("sliding_window", 16),
+                                          ("mlp", "relu2"), ("logit_softcap", 15.0),
+                                          ("qk_norm", True)])
 def test_unsupported_variants_name_the_field(field, value, tmp_path):
     mc = ModelConfig(**{**BASE, field: value})
     with pytest.raises(hf.HFError, match=f"model.{field}="):
@@ -223,8 +236,9 @@ def test_unsupported_variants_name_the_field(field, value, tmp_path):
 def test_init_from_starts_training_from_the_hf_weights(tmp_path):
     model, folder = hf_gpt2(tmp_path, tie=False)
     config = config_lib.base_config()
+    config.model.update(**{**config_lib.GPT2_BLOCK, "tie_embeddings": False})
     config.model.update(vocab_size=0, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_seq_len=64,
-                        tie_embeddings=False, scan_layers=True, matmul="plain")
+                        scan_layers=True, matmul="plain")
     config.data.update(corpus="random")
     config.sample.max_new_tokens = 40
     config.train.update(init_from=str(folder), steps=1, batch_size=2, lr=1e-9, warmup_steps=0,
@@ -251,7 +265,7 @@ def test_init_from_refuses_a_mismatched_shape_writing_nothing(tmp_path):
     _, folder = hf_gpt2(tmp_path)
     config = config_lib.base_config()
     config.model.update(vocab_size=320, d_model=32, n_layers=2, n_heads=4, d_ff=64,
-                        max_seq_len=64)
+                        max_seq_len=64, **config_lib.GPT2_BLOCK)
     config.data.corpus = "random"
     config.sample.max_new_tokens = 40
     config.train.init_from = str(folder)
@@ -316,8 +330,8 @@ def test_init_from_an_exported_run_keeps_its_tokenizer_kind_and_says_what_it_loa
                                                                                      tmp_path):
     corpus = "the cat sat on the mat. " * 400
     tok = tokenizers.build(kind, corpus)
-    mc = ModelConfig(**{**BASE, "vocab_size": max(256, tok.vocab_size) if kind == "byte"
-                        else tok.vocab_size})
+    mc = model_config(vocab_size=max(256, tok.vocab_size) if kind == "byte"
+                      else tok.vocab_size)
     out = export.write_folder(mc, random_params(mc), tok, tmp_path / "hf")
     loaded = hf_import.tokenizer(out)
     assert loaded.kind == kind and loaded.encode("the mat") == tok.encode("the mat")
@@ -333,3 +347,98 @@ def test_init_from_an_exported_run_keeps_its_tokenizer_kind_and_says_what_it_loa
     [init] = [line for line in lines if line.startswith("init: ")]
     assert str(out) in init and f"{kind} tokenizer (its tokenizer.json)" in init
     assert any(line.startswith("data: ") and f"{kind} tokenizer" in line for line in lines)
+
+
+# --- the modern recipe's pieces (issue 29) ------------------------------------------------
+
+@pytest.mark.parametrize("fields, cls", [
+    (dict(bias=False, zero_init_out=True), "GPT2LMHeadModel"),
+    (dict(**LLAMA, qk_norm=True, bias=False, zero_init_out=True, tie_embeddings=False),
+     "Qwen3ForCausalLM")])
+def test_padded_bias_free_and_zero_init_runs_export_with_equal_logits(fields, cls, tmp_path):
+    """A padded vocabulary (320 rows, 257 ids used) exports its 257 ids only, and transformers'
+    logits equal ours over them; GPT-2 without biases exports zero biases (the same numbers);
+    zero-initialised output kernels need nothing (noise moved them here). Imported back, the
+    folder gives the same logits again."""
+    import transformers
+    mc = model_config(vocab_size=320, vocab_used=257, **fields)
+    params = random_params(mc)
+    out = export.write_folder(mc, params, tokenizers.ByteTokenizer(eot=True), tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model).__name__ == cls and model.config.vocab_size == 257
+    x = tokens(mc) % 257
+    ours = our_logits(mc, params, x)
+    assert np.isneginf(ours[..., 257:]).all()  # the padding ids: probability 0 here too
+    np.testing.assert_allclose(hf_logits(model, x), ours[..., :257], atol=TOL, rtol=0)
+    mc_back, params_back, _ = hf_import.load_pretrained(out)
+    assert mc_back.vocab_size == 257 and mc_back.qk_norm == mc.qk_norm
+    np.testing.assert_allclose(our_logits(mc_back, params_back, x), ours[..., :257], atol=TOL)
+
+
+def test_qk_norm_with_biases_is_refused_naming_model_bias(tmp_path):
+    mc = model_config(**LLAMA, qk_norm=True)  # bias=True: Qwen3's MLP has none
+    with pytest.raises(hf.HFError, match=r"^model\.bias=True: .*Qwen3") as error:
+        export.write_folder(mc, init_params(mc, jax.random.key(0)), tokenizers.ByteTokenizer(),
+                            tmp_path / "hf")
+    assert "\n" not in str(error.value) and not (tmp_path / "hf").exists()
+
+
+def test_a_bias_free_model_refuses_non_zero_biases_from_a_checkpoint(tmp_path):
+    """GPT-2 weights carry biases: a model with model.bias=False could only drop them, which
+    would change its numbers; refused naming the tensor."""
+    _, folder = hf_gpt2(tmp_path)
+    mc = model_config(vocab_size=320, d_ff=48, max_seq_len=64, bias=False)
+    with pytest.raises(hf.HFError, match="transformer.ln_f.bias is a non-zero bias"):
+        hf_weights.from_hf(mc, hf_import.read_tensors(folder, "x"), "x")
+
+
+def test_gpt2_paths_spell_out_every_field_of_the_block():
+    """GPT2_BLOCK names every model field that changes what a block computes, so an imported
+    GPT-2 (sample.py --hf, the equality tests, configs/gpt2.py, configs/gpt2_small.py for
+    fine-tuning) stays GPT-2 when the field defaults move to a modern recipe. A model field
+    added later must be put in it or in the shape/how-it-runs list below."""
+    shape_or_how = {"vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads", "d_ff",
+                    "max_seq_len", "dtype", "param_dtype", "scan_layers", "remat",
+                    "attention_kernel", "matmul"}
+    model_fields = {f.key for f in config_lib.fields.MODEL_FIELDS}
+    assert set(config_lib.GPT2_BLOCK) | shape_or_how == model_fields
+    assert not set(config_lib.GPT2_BLOCK) & shape_or_how
+    cfg = {"model_type": "gpt2", "vocab_size": 320, "n_embd": 32, "n_layer": 2, "n_head": 4}
+    mc = hf.model_config_from_hf(cfg, "--hf=x")
+    assert {k: getattr(mc, k) for k in config_lib.GPT2_BLOCK} == config_lib.GPT2_BLOCK
+    import importlib.util
+    from pathlib import Path
+    for name in ("gpt2", "gpt2_small"):
+        path = Path(__file__).parent.parent / "configs" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        c = module.get_config()
+        assert {k: c.model[k] for k in config_lib.GPT2_BLOCK} == config_lib.GPT2_BLOCK
+        assert hf.family(ModelConfig.from_config(c)) == "gpt2"
+
+
+def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
+    """vocab_size=0 with vocab_multiple=64: the run trains 320 rows for the byte tokenizer's
+    257 ids, saves vocab_used=257, sample.py decodes from it (text only: a padding id has
+    none), and export writes the 257 ids with logits equal to ours."""
+    import transformers
+    config = run_config(vocab_size=0, vocab_multiple=64, max_seq_len=32)
+    (tmp_path / "corpus.txt").write_text("def f(x):\n    return x + 1\n" * 300)
+    config.data.update(corpus=str(tmp_path / "corpus.txt"))
+    config.train.update(steps=2, batch_size=2, eval_every=2, eval_batches=1, ckpt_every=2,
+                        log_every=1)
+    config.sample.max_new_tokens = 8
+    run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    saved = checkpoint.load_run(tmp_path / "run")
+    assert (saved.model_config.vocab_size, saved.model_config.vocab_used) == (320, 257)
+    result = run_cli("sample.py", f"--workdir={tmp_path / 'run'}", "--prompt=def ",
+                     "--max_new_tokens=20", "--temperature=2", "--top_k=0", "--no_stream")
+    assert result.returncode == 0, result.stderr
+    out = export.export(tmp_path / "run", tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.config.vocab_size == 257
+    mc = dataclasses.replace(saved.model_config, matmul="plain")
+    x = tokens(mc, T=20) % 257
+    np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, jax.device_get(saved.params),
+                                                               x)[..., :257], atol=TOL)

@@ -192,6 +192,44 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
     assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
 
 
+def test_the_modern_pieces_sharded_match_one_device(tmp_path):
+    """QK-norm, ReLU², no biases, soft-cap, untied head, padded ids and the z-loss on a
+    (2, 2, 2) mesh of 8 simulated devices: the losses, parameters and
+    greedy tokens of one device, parameters split as the rules say, no padding id decoded."""
+    out = tmp_path / "modern.json"
+    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out), "modern"],
+                            cwd=ROOT, env=simulated_devices_env(8), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, report
+    assert report["misplaced"] == [] and report["decode_same"], report
+    assert report["max_token"] < 61
+
+
+def test_train_py_pads_vocab_zero_for_a_tensor_mesh_and_a_resume_keeps_it(tmp_path):
+    """python train.py on mesh.tensor=2 with text's 257 ids used to stop at start-up until the
+    vocabulary was padded by hand: it now trains 258 rows and samples at the end; resumed on one
+    device, the run keeps its 258 (vocab_size=0 would give 257 there)."""
+    common = ["train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+              "--config.data.max_bytes=50000", "--config.train.eval_every=1",
+              "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4"]
+    first = subprocess.run([sys.executable, *common, "--config.mesh.tensor=2",
+                            "--config.train.steps=1"], cwd=ROOT, env=simulated_devices_env(2),
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "--- sample" in first.stdout
+    second = subprocess.run([sys.executable, *common, "--config.train.steps=2",
+                             "--allow_change=train.steps"], cwd=ROOT,
+                            env=simulated_devices_env(1), capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from step 1" in second.stdout and "--- sample" in second.stdout
+    from transformer.train import start
+    saved = start.saved_config(tmp_path / "run")["model"]
+    assert (saved["vocab_size"], saved["vocab_used"]) == (258, 257)
+
+
 def test_a_vocabulary_the_mesh_cannot_split_evenly_is_refused_naming_the_padded_size():
     """257 ids (256 bytes and the end-of-text token) on mesh.tensor=2: the error names the
     padded size that fits, and that size (or keeping the vocabulary whole) is accepted."""

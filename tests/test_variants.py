@@ -34,7 +34,17 @@ VARIANTS = {
                                  attention_kernel="jax"),
     "rms-swiglu-mqa-jax": dict(norm="rmsnorm", mlp="swiglu", n_kv_heads=1,
                                attention_kernel="jax"),
+    # The modern recipe's pieces (issue 29): QK-norm, ReLU², no biases, soft-capped logits,
+    # an untied head; and QK-norm with learned positions and a bias-free LayerNorm.
+    "rope-qknorm-relu2-nobias-softcap-untied": dict(
+        position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False,
+        logit_softcap=3.0, tie_embeddings=False, n_kv_heads=2),
+    "learned-qknorm-nobias-layernorm-softcap-window": dict(
+        qk_norm=True, bias=False, logit_softcap=3.0, sliding_window=10),
 }
+# The new pieces, with zero-initialised outputs and padded ids too, for the kernel checks.
+MODERN = dict(position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False,
+              logit_softcap=3.0, tie_embeddings=False, vocab_used=V - 3)
 variant = pytest.mark.parametrize("name", list(VARIANTS))
 
 
@@ -56,11 +66,14 @@ def tokens(B=2, length=T, seed=1):
 
 def test_variants_cover_every_switch_value():
     seen = {f: {getattr(small(n), f) for n in VARIANTS} for f in
-            ("position", "norm", "norm_placement", "mlp", "kv_heads", "attention_kernel")}
+            ("position", "norm", "norm_placement", "mlp", "kv_heads", "attention_kernel",
+             "qk_norm", "bias", "tie_embeddings")}
     assert seen["position"] == {"learned", "rope"}
     assert seen["norm"] == {"layernorm", "rmsnorm"}
     assert seen["norm_placement"] == {"pre", "post"}
-    assert seen["mlp"] == {"relu", "gelu", "swiglu"}
+    assert seen["mlp"] == {"relu", "gelu", "swiglu", "relu2"}
+    assert seen["qk_norm"] == seen["bias"] == seen["tie_embeddings"] == {True, False}
+    assert {small(n).logit_softcap > 0 for n in VARIANTS} == {True, False}
     assert seen["kv_heads"] == {4, 2, 1}
     assert seen["attention_kernel"] == {"einsum", "jax"}
     assert {small(n).sliding_window > 0 for n in VARIANTS} == {True, False}
@@ -230,3 +243,244 @@ def test_swiglu_keeps_the_parameter_count_comparable():
               for c in (gelu, swiglu)]
     n = [sum(x.size for x in jax.tree.leaves(p["block_0"]["mlp"])) for p in shapes]
     assert swiglu.mlp_hidden % 8 == 0 and abs(n[1] - n[0]) / n[0] < 0.02
+
+
+# --- the modern recipe's pieces ----------------------------------------------------------
+
+def _perturbed(config, seed=0):
+    """Init params with every leaf moved by noise (gains away from 1, zero kernels away from 0),
+    so that a norm gain or a zero-initialised kernel that is misused cannot hide."""
+    params = init_params(config, jax.random.key(seed))
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(tree, [x + 0.2 * jax.random.normal(k, x.shape) for x, k in
+                                     zip(leaves, keys)])
+
+
+def _loss_and_grads(config, params, x_BT, z_loss=0.0):
+    batch = {"inputs": x_BT[:, :-1], "targets": x_BT[:, 1:],
+             "weights": jnp.ones(x_BT[:, 1:].shape, jnp.float32)}
+    return jax.jit(lambda p: step_lib.accumulated_grad(p, batch, config, 1, z_loss))(params)
+
+
+def test_fast_kernels_give_the_plain_numbers_for_the_modern_pieces():
+    """QK-norm, ReLU², no biases, soft-cap, untied head, padded ids: fast_f32 computes plain's
+    loss and gradients (float32, up to summation order), fast_bf16 within bfloat16's rounding."""
+    config = dataclasses.replace(SMALL, **MODERN)
+    params = _perturbed(config)
+    x_BT = tokens(length=T + 1) % (V - 3)
+    loss, grads = _loss_and_grads(config, params, x_BT)
+    fast_loss, fast_grads = _loss_and_grads(dataclasses.replace(config, matmul="fast_f32"),
+                                            params, x_BT)
+    np.testing.assert_allclose(fast_loss, loss, rtol=1e-6)
+    for g, f in zip(jax.tree.leaves(grads), jax.tree.leaves(fast_grads)):
+        np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-6)
+    bf_loss, bf_grads = _loss_and_grads(dataclasses.replace(config, matmul="fast_bf16"),
+                                        params, x_BT)
+    assert abs(float(bf_loss) - float(loss)) < 1e-2 * float(loss)
+    for g, b in zip(jax.tree.leaves(grads), jax.tree.leaves(bf_grads)):
+        assert float(jnp.linalg.norm(b - g)) <= 0.05 * float(jnp.linalg.norm(g)) + 1e-5
+    # Cached decoding in each mode, too. fast_bf16's full pass rounds attention's inputs to
+    # bfloat16 and its cached pass does not (test_kernels.py): ~1% of the capped range of 3.
+    for mode, atol in (("plain", 2e-5), ("fast_f32", 1e-4), ("fast_bf16", 6e-2)):
+        _check_cache_equals_full(dataclasses.replace(config, matmul=mode), params, atol)
+
+
+def _check_cache_equals_full(config, params, atol):
+    x_BT = tokens()
+    cache = decode.new_cache(config=config, batch=2)
+    start_B = jnp.zeros(2, jnp.int32)
+    logits, cache = cached_forward(config, params, x_BT[:, :5], cache, 0, start_B)
+    steps = [logits]
+    for i in range(5, T):
+        logits, cache = cached_forward(config, params, x_BT[:, i:i + 1], cache, i, start_B)
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), forward(config, params, x_BT),
+                               atol=atol)
+
+
+def test_qk_norm_makes_scores_blind_to_the_scale_of_q_and_k():
+    """RMSNorm over each head's K dims: scaling W_Q and W_K (no biases) changes nothing; without
+    QK-norm the same scaling does change the logits. Each head's q has rms = its gain."""
+    config = dataclasses.replace(SMALL, qk_norm=True, bias=False, position="rope",
+                                 norm="rmsnorm")
+    params = _perturbed(config)
+
+    def scaled(p, factor):
+        p = jax.tree.map(lambda x: x, p)
+        for i in range(config.n_layers):
+            for proj in ("query", "key"):
+                p[f"block_{i}"]["attn"][proj]["kernel"] = factor * p[f"block_{i}"]["attn"][proj][
+                    "kernel"]
+        return p
+    x_BT = tokens()
+    base = forward(config, params, x_BT)
+    # (up to the epsilon inside the RMS: 1e-5 against mean squares of ~0.1 and ~5)
+    np.testing.assert_allclose(forward(config, scaled(params, 7.0), x_BT), base, atol=2e-4)
+    plain = dataclasses.replace(config, qk_norm=False)
+    unnormed = {k: v for k, v in params.items()}
+    for i in range(config.n_layers):
+        unnormed[f"block_{i}"] = {**params[f"block_{i}"], "attn": {
+            k: v for k, v in params[f"block_{i}"]["attn"].items() if k not in ("q_norm",
+                                                                               "k_norm")}}
+    assert jnp.abs(forward(plain, scaled(unnormed, 7.0), x_BT)
+                   - forward(plain, unnormed, x_BT)).max() > 1e-3
+    # With a uniform gain g every head's query has rms g (the rotation keeps the norm).
+    uniform = jax.tree.map(lambda x: x, params)
+    uniform["block_0"]["attn"]["q_norm"]["scale"] = jnp.full((config.head_dim,), 1.7)
+    _, seen = GPT(config).apply({"params": uniform}, x_BT, mutable=["intermediates"])
+    q_BHTK = seen["intermediates"]["block_0"]["attn"]["queries"][0]
+    rms_BHT = jnp.sqrt(jnp.mean(jnp.square(q_BHTK), axis=-1))
+    np.testing.assert_allclose(rms_BHT, 1.7, rtol=1e-3)
+
+
+def test_relu2_is_relu_squared():
+    """One MLP with ReLU² equals W_2 · max(x W_1 + b_1, 0)² + b_2 written out."""
+    from transformer.model.gpt import MLP
+    config = dataclasses.replace(SMALL, mlp="relu2")
+    x_BTD = jax.random.normal(jax.random.key(3), (2, 5, config.d_model))
+    mlp = MLP(config)
+    p = _perturbed_tree(mlp.init(jax.random.key(0), x_BTD)["params"])
+    e, pr = p["expand"], p["project"]
+    want = np.square(np.maximum(x_BTD @ e["kernel"] + e["bias"], 0)) @ pr["kernel"] + pr["bias"]
+    np.testing.assert_allclose(mlp.apply({"params": p}, x_BTD), want, atol=1e-5)
+
+
+def _perturbed_tree(tree):
+    tree = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, tree,
+                        is_leaf=lambda x: hasattr(x, "unbox"))
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(9), len(leaves))
+    return jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape)
+                                        for x, k in zip(leaves, keys)])
+
+
+def test_logit_softcap_is_c_tanh_of_the_uncapped_logits():
+    """The cap is applied to the logits the head computes, c·tanh(z/c): every logit inside
+    (-c, c), and equal to the uncapped model's pushed through the formula."""
+    c = 2.0
+    config = dataclasses.replace(SMALL, logit_softcap=c)
+    params = jax.tree.map(lambda x: 10 * x, init_params(config, jax.random.key(0)))
+    x_BT = tokens()
+    uncapped = forward(dataclasses.replace(config, logit_softcap=0.0), params, x_BT)
+    assert jnp.abs(uncapped).max() > 2 * c  # large enough for the cap to matter
+    capped = forward(config, params, x_BT)
+    np.testing.assert_allclose(capped, c * jnp.tanh(uncapped / c), atol=1e-5)
+    assert jnp.abs(capped).max() < c
+
+
+def test_bias_false_leaves_no_bias_anywhere():
+    for norm in ("layernorm", "rmsnorm"):
+        config = dataclasses.replace(SMALL, bias=False, norm=norm, mlp="swiglu", qk_norm=True)
+        names = {str(getattr(k, "key", k)) for path, _ in jax.tree_util.tree_leaves_with_path(
+            init_params(config, jax.random.key(0))) for k in path}
+        assert "bias" not in names and "scale" in names
+    with_bias = {str(getattr(k, "key", k)) for path, _ in jax.tree_util.tree_leaves_with_path(
+        init_params(SMALL, jax.random.key(0))) for k in path}
+    assert "bias" in with_bias
+
+
+def test_zero_init_out_starts_every_block_as_the_identity():
+    """Attention-out and MLP-project kernels (and biases) start at exactly 0, so the initial
+    logits are those of the model with no blocks, head(norm(embed(x) + pos)); the gradient
+    still reaches those kernels, so they do not stay 0."""
+    config = dataclasses.replace(SMALL, zero_init_out=True)
+    params = init_params(config, jax.random.key(0))
+    for i in range(config.n_layers):
+        assert not np.asarray(params[f"block_{i}"]["attn"]["out"]["kernel"]).any()
+        assert not np.asarray(params[f"block_{i}"]["mlp"]["project"]["kernel"]).any()
+        assert np.asarray(params[f"block_{i}"]["attn"]["query"]["kernel"]).std() > 0.01
+    x_BT = tokens()
+    h_BTD = params["embed"]["embedding"][x_BT] + params["pos_embed"][jnp.arange(T)]
+    mu = h_BTD.mean(-1, keepdims=True)
+    var = ((h_BTD - mu) ** 2).mean(-1, keepdims=True)
+    ln = params["ln_final"]
+    h_BTD = (h_BTD - mu) / jnp.sqrt(var + 1e-5) * ln["scale"] + ln["bias"]
+    np.testing.assert_allclose(forward(config, params, x_BT),
+                               h_BTD @ params["embed"]["embedding"].T, atol=1e-5)
+    _, grads = _loss_and_grads(config, params, tokens(length=T + 1))
+    assert np.abs(grads["block_0"]["mlp"]["project"]["kernel"]).max() > 0
+    default = init_params(SMALL, jax.random.key(0))
+    assert np.asarray(default["block_0"]["attn"]["out"]["kernel"]).std() > 0
+
+
+def test_z_loss_adds_z_logsumexp_squared_to_the_gradient_not_to_the_logged_loss():
+    """train.z_loss: the loss reported is the cross-entropy whatever z is, and the gradient is
+    that of CE + z·mean(logsumexp(logits)²), checked against autodiff of that formula."""
+    config = SMALL
+    params = _perturbed(config)
+    x_BT = tokens(length=T + 1)
+    z = 0.1
+    ce0, g0 = _loss_and_grads(config, params, x_BT)
+    ce, g = _loss_and_grads(config, params, x_BT, z_loss=z)
+    np.testing.assert_allclose(ce, ce0, rtol=1e-6)
+
+    def formula(p):
+        logits = GPT(config).apply({"params": p}, x_BT[:, :-1])
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        ce = jnp.mean(lse - jnp.take_along_axis(logits, x_BT[:, 1:, None], -1)[..., 0])
+        return ce + z * jnp.mean(lse ** 2)
+    want = jax.grad(formula)(params)
+    for a, b, plain in zip(jax.tree.leaves(g), jax.tree.leaves(want), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g),
+                                                           jax.tree.leaves(g0))) > 1e-4
+
+
+# --- a padded vocabulary (model.vocab_multiple, model.vocab_used) ---------------------------
+
+def test_vocab_zero_is_padded_to_the_multiple_and_to_the_mesh_once_at_the_start():
+    """257 byte ids: kept as they are by default; 320 with vocab_multiple=64 (nanoGPT's rule);
+    258 on mesh.tensor=2, which the mesh then accepts (it stopped the run at start-up); a
+    resumed run keeps its checkpoint's vocabulary on any mesh; `sizes` pads the same way."""
+    from types import SimpleNamespace
+
+    from transformer import config as config_lib
+    from transformer.model import sizes
+    from transformer.parallel import sharding
+    from transformer.train import start
+
+    tok = SimpleNamespace(vocab_size=257, kind="byte")
+    config = validate(base_config())
+    model = lambda c: (c.model.vocab_size, c.model.vocab_used)  # noqa: E731
+    assert model(start.resolve(config, tok)) == (257, 0)
+    by64 = config_lib.replace(config, **{"model.vocab_multiple": 64})
+    assert model(start.resolve(by64, tok)) == (320, 257)
+    assert (sizes.model_config_of(by64).vocab_size, sizes.model_config_of(by64).vocab_used) == (
+        320, 257)
+    tensor2 = SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 2})
+    on_mesh = start.resolve(config, tok, tensor2)
+    assert model(on_mesh) == (258, 257)
+    sharding.check_fits(on_mesh, tensor2)
+    assert model(start.resolve(by64, tok, SimpleNamespace(shape={"data": 1, "fsdp": 1,
+                                                                 "tensor": 3}))) == (384, 257)
+    saved = config_lib.to_dict(on_mesh)
+    assert model(start.resolve(config, tok, None, saved)) == (258, 257)
+    by_hand = config_lib.replace(config, **{"model.vocab_size": 264})  # docs/scaling-out.md
+    assert model(start.resolve(by_hand, tok)) == (264, 257)  # its extra ids are padding too
+    assert config.model.vocab_size == 0  # the caller's config is left as it is
+
+
+def test_padded_ids_are_never_sampled_and_take_no_share_of_the_loss():
+    """vocab_used=n: ids n .. V-1 get logit -inf, so a hot sampler (temperature 2, no top-k or
+    top-p) never draws them; without the mask the same model draws them within 60 tokens.
+    The loss is the cross-entropy over the n real ids alone, and the padding rows get no
+    gradient."""
+    n = V - 3
+    config = dataclasses.replace(SMALL, vocab_used=n, tie_embeddings=False)
+    params = init_params(config, jax.random.key(0))
+    prompts = [[1, 2, 3], [4]]
+
+    def sampled(cfg):
+        out = decode.generate(cfg, params, prompts, max_new_tokens=60, temperature=2.0,
+                              top_k=0, top_p=1.0, seed=0)
+        return {t for row in out for t in row}
+    assert max(sampled(config)) < n
+    assert max(sampled(dataclasses.replace(config, vocab_used=0))) >= n  # the mask matters
+    x_BT = tokens(length=T + 1) % n
+    loss, grads = _loss_and_grads(config, params, x_BT)
+    logits = forward(dataclasses.replace(config, vocab_used=0), params, x_BT[:, :-1])[..., :n]
+    want = -jnp.take_along_axis(jax.nn.log_softmax(logits), x_BT[:, 1:, None], -1).mean()
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    assert not np.asarray(grads["head"]["kernel"][:, n:]).any()
+    assert np.asarray(grads["head"]["kernel"][:, :n]).any()

@@ -14,6 +14,7 @@ imports nothing else of the package. The schema's names are importable from here
 from transformer.config.fields import (  # noqa: F401  (the room's public face)
     ATTENTION_KERNELS,
     DTYPES,
+    GPT2_BLOCK,
     MATMUL,
     MATMUL_MODES,
     MESH_AXES,
@@ -32,6 +33,7 @@ from transformer.config.schema import (  # noqa: F401
     check_sampling,
     flatten,
     from_dict,
+    padded_vocab,
     replace,
     to_dict,
     validate,

@@ -27,7 +27,7 @@ REMAT = ("none", "block", "dots")
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
-MLPS = ("relu", "gelu", "swiglu")
+MLPS = ("relu", "gelu", "swiglu", "relu2")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 NONFINITE = ("stop", "skip")
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -135,6 +135,14 @@ _MODEL = [
     _f("model.d_ff", 512, "MLP hidden width (4 * d_model in GPT-2)", FIXED, check=_positive),
     _f("model.max_seq_len", 128, "context length: positions, KV-cache slots, training length",
        FIXED, check=_positive),
+    # Resolved at the run's start with vocab_size=0 (train/start.py): a padded vocabulary
+    # rounds the tokenizer's size up, and vocab_used records where the real ids end. Resuming
+    # keeps the checkpoint's vocabulary, so the multiple may change freely.
+    _f("model.vocab_multiple", 1, "vocab_size=0: pad the tokenizer's vocabulary up to a multiple "
+       "of this (and of the mesh's vocab split); 64 as nanoGPT", FREE, check=_positive),
+    _f("model.vocab_used", 0, "ids below this are the tokenizer's; the padding ids above it get "
+       "logit -inf (never sampled, no share of the softmax); 0: every id is a token", FIXED,
+       check=_non_negative),
     _f("model.tie_embeddings", True, "logits = h @ E^T with the input embedding E", FIXED),
     _f("model.dtype", "float32", "compute dtype; softmax and loss always run in float32",
        CHANGE, DTYPES),
@@ -147,7 +155,18 @@ _MODEL = [
     _f("model.norm", "layernorm", "normalisation layer", FIXED, NORMS),
     _f("model.norm_placement", "pre", "pre: x + f(norm(x)) | post: norm(x + f(x))", FIXED,
        NORM_PLACEMENTS),
-    _f("model.mlp", "gelu", "MLP; swiglu is gated with hidden width 2/3 d_ff", FIXED, MLPS),
+    _f("model.mlp", "gelu", "MLP; swiglu is gated with hidden width 2/3 d_ff; relu2 is "
+       "ReLU(x)^2", FIXED, MLPS),
+    _f("model.bias", True, "biases in the dense layers and LayerNorm (False: none, as Llama "
+       "and nanochat)", FIXED),
+    _f("model.qk_norm", False, "RMSNorm of each head's queries and keys (learned gain over "
+       "head_dim) before RoPE and the scores", FIXED),
+    # An initialisation only: a resumed run is not re-initialised, but the saved config would
+    # no longer say how it started (like train.seed).
+    _f("model.zero_init_out", False, "attention-out and MLP-project kernels start at zero "
+       "(modded-nanogpt): each block starts as the identity", CHANGE),
+    _f("model.logit_softcap", 0.0, "0: off; c: logits = c * tanh(logits / c) (Gemma 2, nanochat) "
+       "in training, scoring and sampling", CHANGE, check=_non_negative),
     _f("model.n_kv_heads", 0, "K/V heads: 0 = n_heads, 1 = multi-query, else grouped-query",
        FIXED),
     _f("model.sliding_window", 0, "0: full causal attention; w: attend to the last w positions",
@@ -199,6 +218,9 @@ _TRAIN = [
        check=_positive),
     _f("train.b1", 0.9, "Adam beta1", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
     _f("train.b2", 0.95, "Adam beta2", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1)")),
+    _f("train.z_loss", 0.0, "coefficient of the z-loss z * logsumexp(logits)^2 added to the "
+       "loss descended (PaLM: 1e-4); the logged loss stays the cross-entropy", CHANGE,
+       check=_non_negative),
     _f("train.grad_clip", 1.0, "global-norm clipping; 0 disables", CHANGE, check=_non_negative),
     _f("train.log_every", 10, "steps between metrics lines", FREE, check=_positive),
     _f("train.eval_every", 200, "steps between validation losses", FREE, check=_positive),
@@ -244,6 +266,15 @@ _SAMPLE = [
     _f("sample.top_k", 40, "keep the k likeliest tokens; 0 disables", FREE),
     _f("sample.top_p", 0.95, "keep the smallest set with this probability; 1 disables", FREE),
 ]
+
+# GPT-2's block (Radford et al. 2019), every model field that says what the block computes:
+# what a GPT-2 checkpoint needs whatever the defaults above become (configs/gpt2.py,
+# configs/gpt2_small.py, hf/mapping.py's import of a GPT-2 folder). The fields left out give
+# the shape or how the same arithmetic runs; tests/test_hf.py checks that split.
+GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "norm_placement": "pre",
+              "mlp": "gelu", "bias": True, "qk_norm": False, "logit_softcap": 0.0,
+              "n_kv_heads": 0, "sliding_window": 0, "tie_embeddings": True,
+              "zero_init_out": False, "vocab_used": 0}
 
 FIELDS: tuple[Field, ...] = (*_MODEL, *_DATA, *_TRAIN, *_MESH, *_SAMPLE)
 BY_NAME = {f.name: f for f in FIELDS}

@@ -62,6 +62,15 @@ def replace(config: ml_collections.ConfigDict, **changes) -> ml_collections.Conf
     return new
 
 
+def padded_vocab(size: int, multiple: int = 1) -> dict:
+    """The model fields for a tokenizer of `size` ids when model.vocab_size=0: the vocabulary
+    rounded up to a multiple of `multiple` (nanoGPT pads GPT-2's 50,257 to 50,304 = 786·64:
+    rows a tensor-parallel mesh splits evenly, and matmul widths that tile well), and where the
+    tokenizer's ids end when rows were added ({"model.vocab_used": size}; 0: none added)."""
+    padded = -(-size // multiple) * multiple
+    return {"model.vocab_size": padded, "model.vocab_used": size if padded > size else 0}
+
+
 def _head_dim(self) -> int:
     return self.d_model // self.n_heads
 
@@ -153,6 +162,9 @@ def _check_model(m) -> None:
         _fail("model.position", m.position,
               f"rope rotates pairs of dimensions, so the head dim d_model/n_heads="
               f"{m.d_model // m.n_heads} must be even: change model.d_model or model.n_heads")
+    if m.vocab_used and m.vocab_size and m.vocab_used > m.vocab_size:
+        _fail("model.vocab_used", m.vocab_used, f"must be at most model.vocab_size="
+              f"{m.vocab_size} (ids from vocab_used up are padding), or 0 for none")
     if m.attention_kernel == "cudnn" and m.dtype != "bfloat16":
         _fail("model.attention_kernel", m.attention_kernel, "cuDNN flash attention takes "
               "bfloat16 inputs: also set model.dtype=bfloat16, or use attention_kernel=jax")

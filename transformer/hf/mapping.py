@@ -1,11 +1,20 @@
-"""Our parameters ↔ Hugging Face `transformers` tensors, for GPT-2 and Llama layouts.
+"""Our parameters ↔ Hugging Face `transformers` tensors, for GPT-2, Llama and Qwen3 layouts.
 
-Two of our variants have an exact counterpart in `transformers` (docs/huggingface.md):
+Three of our variants have an exact counterpart in `transformers` (docs/huggingface.md):
 
     GPT2LMHeadModel   learned positions, pre-norm LayerNorm, GELU (tanh form, "gelu_new") or
-                      ReLU, multi-head attention, no window
-    LlamaForCausalLM  RoPE, pre-norm RMSNorm, SwiGLU, any K/V heads, no window; written with
-                      attention_bias and mlp_bias on, because our denses always carry biases
+                      ReLU, multi-head attention, no window; model.bias=False is written as
+                      zero biases (GPT-2 always has them: adding 0 computes the same)
+    LlamaForCausalLM  RoPE, pre-norm RMSNorm, SwiGLU, any K/V heads, no window;
+                      attention_bias and mlp_bias as model.bias says
+    Qwen3ForCausalLM  the same with model.qk_norm (q_norm / k_norm: RMSNorm over the head
+                      dim with a learned gain, before RoPE, as ours); its MLP has no biases,
+                      so model.bias=False
+ReLU² and the logit soft-cap have none: Gemma 2's final_logit_softcapping comes with another
+block (embeddings scaled by √D, (1 + g) norm gains, GeGLU, norms after each sub-layer), and
+NanoChatForCausalLM (ReLU², soft-cap, QK-norm) has norms without gains and QK-norm after
+RoPE. Padding ids (model.vocab_used) are cut off: the export has the tokenizer's ids only,
+and its softmax is ours, where the padding ids have probability 0.
 
 Both use our norm epsilon 1e-5 and, for Llama, RoPE base 10000 in the rotate-half layout
 (rope.py pairs dimension i with i + K/2, which is `rotate_half`: no permutation needed).
@@ -21,7 +30,7 @@ nn.Linear weights are [out, in] (transposed). Heads are head-major in every layo
 
 from __future__ import annotations
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import GPT2_BLOCK, ConfigError, ModelConfig
 from transformer.model import rope
 
 NORM_EPS = 1e-5  # model._norm
@@ -35,11 +44,17 @@ class HFError(ConfigError):
 
 
 def family(mc: ModelConfig, what: str = "cannot export to Hugging Face format") -> str:
-    """"gpt2" or "llama": the `transformers` architecture that computes exactly what `mc` does.
-    Raises HFError naming the first field that has no counterpart."""
+    """"gpt2", "llama" or "qwen3": the `transformers` architecture that computes exactly what
+    `mc` does. Raises HFError naming the first field that has no counterpart."""
     def refuse(field, value, need):
         raise HFError(f"model.{field}={value!r}: {what}; {need}")
 
+    if mc.mlp == "relu2":
+        refuse("mlp", mc.mlp, "no transformers class computes ReLU² with learned norm gains "
+               "(NanoChat's norms have none)")
+    if mc.logit_softcap:
+        refuse("logit_softcap", mc.logit_softcap, "only Gemma 2/3 and NanoChat soft-cap logits, "
+               "and their blocks differ from ours")
     if mc.norm_placement != "pre":
         refuse("norm_placement", mc.norm_placement, "GPT-2 and Llama are pre-norm")
     if mc.sliding_window:
@@ -52,18 +67,27 @@ def family(mc: ModelConfig, what: str = "cannot export to Hugging Face format") 
         if mc.kv_heads != mc.n_heads:
             refuse("n_kv_heads", mc.n_kv_heads, "learned positions export as GPT-2, which needs "
                    "multi-head attention (0)")
+        if mc.qk_norm:
+            refuse("qk_norm", mc.qk_norm, "learned positions export as GPT-2, which has no "
+                   "QK-norm (rope + rmsnorm + swiglu export as Qwen3, which has)")
         return "gpt2"
     if mc.norm != "rmsnorm":
-        refuse("norm", mc.norm, "rope exports as Llama, which needs rmsnorm")
+        refuse("norm", mc.norm, "rope exports as Llama or Qwen3, which need rmsnorm")
     if mc.mlp != "swiglu":
-        refuse("mlp", mc.mlp, "rope exports as Llama, which needs swiglu")
+        refuse("mlp", mc.mlp, "rope exports as Llama or Qwen3, which need swiglu")
+    if mc.qk_norm:
+        if mc.bias:
+            refuse("bias", mc.bias, "QK-norm exports as Qwen3, whose MLP has no biases: "
+                   "needs model.bias=False")
+        return "qwen3"
     return "llama"
 
 
 def hf_config(mc: ModelConfig) -> dict:
     """config.json for `mc` (float32 weights; no special tokens: export.py adds the end of
     text when the tokenizer has one)."""
-    common = {"vocab_size": mc.vocab_size, "tie_word_embeddings": mc.tie_embeddings,
+    common = {"vocab_size": mc.vocab_used or mc.vocab_size,  # padding ids are not exported
+              "tie_word_embeddings": mc.tie_embeddings,
               "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
               "dtype": "float32", "torch_dtype": "float32", "use_cache": True}
     if family(mc) == "gpt2":
@@ -74,14 +98,20 @@ def hf_config(mc: ModelConfig) -> dict:
                 "layer_norm_epsilon": NORM_EPS, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False}
+    rope_like = {"hidden_size": mc.d_model, "num_hidden_layers": mc.n_layers,
+                 "num_attention_heads": mc.n_heads, "num_key_value_heads": mc.kv_heads,
+                 "head_dim": mc.head_dim, "intermediate_size": mc.mlp_hidden,
+                 "hidden_act": "silu", "max_position_embeddings": mc.max_seq_len,
+                 "rms_norm_eps": NORM_EPS, "rope_theta": rope.BASE,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": rope.BASE},
+                 "attention_bias": mc.bias, "attention_dropout": 0.0}
+    if family(mc) == "qwen3":
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
+                **rope_like, "use_sliding_window": False, "sliding_window": None,
+                "max_window_layers": mc.n_layers,
+                "layer_types": ["full_attention"] * mc.n_layers}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
-            "hidden_size": mc.d_model, "num_hidden_layers": mc.n_layers,
-            "num_attention_heads": mc.n_heads, "num_key_value_heads": mc.kv_heads,
-            "head_dim": mc.head_dim, "intermediate_size": mc.mlp_hidden, "hidden_act": "silu",
-            "max_position_embeddings": mc.max_seq_len, "rms_norm_eps": NORM_EPS,
-            "rope_theta": rope.BASE,
-            "rope_parameters": {"rope_type": "default", "rope_theta": rope.BASE},
-            "attention_bias": True, "mlp_bias": True, "attention_dropout": 0.0}
+            **rope_like, "mlp_bias": mc.bias}
 
 
 def model_config_from_hf(cfg: dict, where: str) -> ModelConfig:
@@ -101,18 +131,20 @@ def model_config_from_hf(cfg: dict, where: str) -> ModelConfig:
         if cfg.get("scale_attn_by_inverse_layer_idx") or not cfg.get("scale_attn_weights", True):
             refuse("scale_attn_by_inverse_layer_idx", "our attention scales by 1/sqrt(d_k) only")
         D = cfg.get("n_embd", 768)
-        return ModelConfig(vocab_size=cfg.get("vocab_size", 50257), d_model=D,
+        # Every block field spelled out (GPT2_BLOCK), not left to the field defaults.
+        return ModelConfig(**{**GPT2_BLOCK, "tie_embeddings": tie,
+                              "mlp": "relu" if act == "relu" else "gelu"},
+                           vocab_size=cfg.get("vocab_size", 50257), d_model=D,
                            n_layers=cfg.get("n_layer", 12), n_heads=cfg.get("n_head", 12),
                            d_ff=cfg.get("n_inner") or 4 * D,
-                           max_seq_len=cfg.get("n_positions", 1024), tie_embeddings=tie,
-                           mlp="relu" if act == "relu" else "gelu")
-    if kind == "llama":
-        return _llama_model_config(cfg, tie, refuse)
-    raise HFError(f"{where}: config.json model_type={kind!r}: only gpt2 and llama map onto "
-                  "this project's model")
+                           max_seq_len=cfg.get("n_positions", 1024))
+    if kind in ("llama", "qwen3"):
+        return _llama_model_config(cfg, tie, refuse, qwen3=kind == "qwen3")
+    raise HFError(f"{where}: config.json model_type={kind!r}: only gpt2, llama and qwen3 map "
+                  "onto this project's model")
 
 
-def _llama_model_config(cfg: dict, tie: bool, refuse) -> ModelConfig:
+def _llama_model_config(cfg: dict, tie: bool, refuse, qwen3: bool = False) -> ModelConfig:
     rope_params = cfg.get("rope_parameters") or {}
     theta = rope_params.get("rope_theta", cfg.get("rope_theta", rope.BASE))
     if rope_params.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
@@ -129,11 +161,18 @@ def _llama_model_config(cfg: dict, tie: bool, refuse) -> ModelConfig:
     F = cfg["intermediate_size"]
     if F % 8:
         refuse("intermediate_size", "our SwiGLU width is a multiple of 8")
-    return ModelConfig(vocab_size=cfg["vocab_size"], d_model=D, n_layers=cfg["num_hidden_layers"],
-                       n_heads=H, d_ff=F * 3 // 2, max_seq_len=cfg["max_position_embeddings"],
-                       tie_embeddings=tie, position="rope", norm="rmsnorm", mlp="swiglu",
-                       n_kv_heads=0 if cfg.get("num_key_value_heads") in (None, H)
-                       else cfg["num_key_value_heads"])
+    if qwen3 and cfg.get("use_sliding_window"):
+        refuse("use_sliding_window", "our attention sees every position here")
+    if qwen3 and cfg.get("attention_bias"):
+        refuse("attention_bias", "our model.bias covers the MLP too, which Qwen3 has none in")
+    # Biases where either side has them (a missing one loads as zeros: the same numbers).
+    bias = not qwen3 and bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False))
+    return ModelConfig(**{**GPT2_BLOCK, "tie_embeddings": tie, "position": "rope",
+                          "norm": "rmsnorm", "mlp": "swiglu", "bias": bias, "qk_norm": qwen3,
+                          "n_kv_heads": 0 if cfg.get("num_key_value_heads") in (None, H)
+                          else cfg["num_key_value_heads"]},
+                       vocab_size=cfg["vocab_size"], d_model=D, n_layers=cfg["num_hidden_layers"],
+                       n_heads=H, d_ff=F * 3 // 2, max_seq_len=cfg["max_position_embeddings"])
 
 
 def byte_alphabet() -> list[str]:

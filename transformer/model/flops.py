@@ -41,27 +41,31 @@ def _mlp_params(c) -> int:
     with F' = ModelConfig.mlp_hidden (about 2/3 of d_ff)."""
     D, F = c.d_model, c.mlp_hidden
     matrices = 3 if c.mlp == "swiglu" else 2
-    return (matrices - 1) * (D * F + F) + F * D + D
+    b = 1 if c.bias else 0  # model.bias=False: kernels only
+    return (matrices - 1) * (D * F + b * F) + F * D + b * D
 
 
 def _norm_params(c) -> int:
     """Per-block norms plus the final one (pre-norm only). LayerNorm: scale and bias;
-    RMSNorm: scale only."""
-    per_norm = c.d_model * (1 if c.norm == "rmsnorm" else 2)
-    return (c.n_layers * 2 + (1 if c.norm_placement == "pre" else 0)) * per_norm
+    RMSNorm, or LayerNorm with model.bias=False: scale only. QK-norm: a gain over the head
+    dim for the queries and one for the keys, per block."""
+    per_norm = c.d_model * (1 if c.norm == "rmsnorm" or not c.bias else 2)
+    qk = c.n_layers * 2 * c.head_dim if c.qk_norm else 0
+    return (c.n_layers * 2 + (1 if c.norm_placement == "pre" else 0)) * per_norm + qk
 
 
 def param_counts(c) -> dict:
     """Parameters by component, plus `total` and `non_embedding` (Kaplan's N: everything but
     the token and position embeddings; an untied head counts as embedding too)."""
     D, K, H, G, L = c.d_model, c.head_dim, c.n_heads, n_kv_heads(c), c.n_layers
+    b = 1 if c.bias else 0
     counts = {
         "token_embedding": c.vocab_size * D,
         "position_embedding": c.max_seq_len * D if c.position == "learned" else 0,
-        "attention_q": L * (D * H * K + H * K),
-        "attention_k": L * (D * G * K + G * K),
-        "attention_v": L * (D * G * K + G * K),
-        "attention_o": L * (H * K * D + D),
+        "attention_q": L * (D * H * K + b * H * K),
+        "attention_k": L * (D * G * K + b * G * K),
+        "attention_v": L * (D * G * K + b * G * K),
+        "attention_o": L * (H * K * D + b * D),
         "mlp": L * _mlp_params(c),
         "norms": _norm_params(c),
         "head": 0 if c.tie_embeddings else c.vocab_size * D,

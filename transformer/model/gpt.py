@@ -10,7 +10,12 @@ That is the default (GPT-2's design). The parts can be swapped by config (docs/i
     model.position=rope          no P; Q and K are rotated by their positions (rope.py)
     model.norm=rmsnorm           RMSNorm(x) = x / rms(x) · g instead of LayerNorm
     model.norm_placement=post    x = LN(x + Attention(x)); x = LN(x + MLP(x)); no final LN
-    model.mlp=relu|swiglu        W_2 · ReLU(x W_1)  or  W_2 · (SiLU(x W_gate) ⊙ x W_1)
+    model.mlp=relu|swiglu|relu2  W_2 · ReLU(x W_1), W_2 · (SiLU(x W_gate) ⊙ x W_1), W_2 · ReLU(x W_1)²
+    model.bias=False             no biases: every x W + b is x W, LayerNorm has no β
+    model.qk_norm=True           q, k = RMSNorm(q), RMSNorm(k) per head, over K, before RoPE
+    model.zero_init_out=True     W_O and W_2 start at 0: every block starts as the identity
+    model.logit_softcap=c        logits = c · tanh(logits / c), bounded in (-c, c)
+    model.vocab_used=n           logits of the padding ids n .. V-1 are -inf: never predicted
     model.n_kv_heads=G           G key/value heads shared by groups of query heads
     model.sliding_window=w       each position attends to the last w positions only
     model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums (XLA's)
@@ -74,8 +79,24 @@ def _norm(config: ModelConfig, name: str) -> nn.Module:
     scale_init = _logical(nn.initializers.ones, ("embed",))
     if config.norm == "rmsnorm":
         return nn.RMSNorm(epsilon=1e-5, name=name, scale_init=scale_init)
-    return nn.LayerNorm(epsilon=1e-5, name=name, scale_init=scale_init,
+    return nn.LayerNorm(epsilon=1e-5, name=name, scale_init=scale_init, use_bias=config.bias,
                         bias_init=_logical(nn.initializers.zeros, ("embed",)))
+
+
+def _head_norm(name: str) -> nn.Module:
+    """QK-norm: RMSNorm of each head's vector over its K dims, one learned gain per dim shared
+    by the heads (Qwen3's q_norm / k_norm). Scores q·k are then bounded by |g_q|·|g_k|·K, so
+    attention logits cannot grow with the weights (stability at high learning rates)."""
+    return nn.RMSNorm(epsilon=1e-5, name=name,
+                      scale_init=_logical(nn.initializers.ones, ("head_dim",)))
+
+
+def _residual_init(config: ModelConfig):
+    """The two projections that write into the residual stream: GPT-2's N(0, 0.02/√(2L)), or
+    zeros (modded-nanogpt), so that every block starts as the identity map."""
+    if config.zero_init_out:
+        return nn.initializers.zeros
+    return nn.initializers.normal(INIT_STD / (2 * config.n_layers) ** 0.5)
 
 
 class CausalSelfAttention(nn.Module):
@@ -89,10 +110,10 @@ class CausalSelfAttention(nn.Module):
         H, G, K = c.n_heads, c.kv_heads, c.head_dim
         ops = kernels.for_model(c)  # how the matmuls are computed: the seam decides
         init = nn.initializers.normal(INIT_STD)
-        out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
+        out_init = _residual_init(c)
 
         def project(name, heads, axis):
-            return ops.dense((heads, K), name=name,
+            return ops.dense((heads, K), name=name, use_bias=c.bias,
                          kernel_init=_logical(init, ("embed", axis, "head_dim")),
                          bias_init=_logical(nn.initializers.zeros, (axis, "head_dim")))
 
@@ -101,6 +122,8 @@ class CausalSelfAttention(nn.Module):
         q_BHTK = project("query", H, "heads")(x_BTD).transpose(0, 2, 1, 3)
         k_BGTK = project("key", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
         v_BGTK = project("value", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        if c.qk_norm:  # before the rotation, as Qwen3: the cache then holds normed keys
+            q_BHTK, k_BGTK = _head_norm("q_norm")(q_BHTK), _head_norm("k_norm")(k_BGTK)
         if c.position == "rope":  # rotate by absolute position: scores see only p - s
             q_BHTK = rope.apply(q_BHTK, positions_BT)
             k_BGTK = rope.apply(k_BGTK, positions_BT)
@@ -117,7 +140,7 @@ class CausalSelfAttention(nn.Module):
             self.sow("intermediates", "attention_weights", weights_BHTS)
 
         # Concatenating the heads and applying W_O is one contraction over (H, K).
-        y_BTD = ops.dense(c.d_model, axis=(-2, -1), name="out",
+        y_BTD = ops.dense(c.d_model, axis=(-2, -1), name="out", use_bias=c.bias,
                       kernel_init=_logical(out_init, ("heads", "head_dim", "embed")),
                       bias_init=_logical(nn.initializers.zeros, ("embed",)))(
                           out_BHTK.transpose(0, 2, 1, 3))
@@ -127,7 +150,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """Position-wise feed-forward: D → F, non-linearity, F → D.
 
-    relu / gelu: W_2 · act(x W_1).  swiglu (Shazeer 2020): W_2 · (SiLU(x W_gate) ⊙ x W_1), with
+    relu / gelu / relu2: W_2 · act(x W_1), relu2 being ReLU(x)² (So et al. 2021, "Primer";
+    modded-nanogpt, nanochat).  swiglu (Shazeer 2020): W_2 · (SiLU(x W_gate) ⊙ x W_1), with
     F = `ModelConfig.mlp_hidden` = 2/3 · d_ff (rounded to a multiple of 8) so that its three
     matrices hold about as many parameters as the other MLPs' two.
     """
@@ -139,7 +163,7 @@ class MLP(nn.Module):
         c = self.config
         F = c.mlp_hidden
         ops = kernels.for_model(c)
-        dense = functools.partial(ops.dense, F,
+        dense = functools.partial(ops.dense, F, use_bias=c.bias,
                                   kernel_init=_logical(nn.initializers.normal(INIT_STD),
                                                        ("embed", "mlp")),
                                   bias_init=_logical(nn.initializers.zeros, ("mlp",)))
@@ -149,11 +173,13 @@ class MLP(nn.Module):
             h_BTF = jax.nn.silu(dense(name="gate")(x_BTD)) * h_BTF
         elif c.mlp == "relu":
             h_BTF = jax.nn.relu(h_BTF)
+        elif c.mlp == "relu2":
+            h_BTF = jnp.square(jax.nn.relu(h_BTF))
         else:
             h_BTF = jax.nn.gelu(h_BTF, approximate=True)
-        out_init = nn.initializers.normal(INIT_STD / (2 * c.n_layers) ** 0.5)
         return ops.dense(
-            c.d_model, name="project", kernel_init=_logical(out_init, ("mlp", "embed")),
+            c.d_model, name="project", use_bias=c.bias,
+            kernel_init=_logical(_residual_init(c), ("mlp", "embed")),
             bias_init=_logical(nn.initializers.zeros, ("embed",)))(h_BTF)
 
 
@@ -248,6 +274,11 @@ class GPT(nn.Module):
                                                        ("embed", "vocab")),
                                   dot_general=_float32_dot)(h_BTD)
         logits_BTV = logits_BTV.astype(jnp.float32)
+        if c.logit_softcap:  # smooth and bounded: |logit| < c, ≈ the logit itself when small
+            logits_BTV = c.logit_softcap * jnp.tanh(logits_BTV / c.logit_softcap)
+        if c.vocab_used:  # padding ids (vocab_multiple): probability exactly 0, everywhere
+            real_V = jnp.arange(c.vocab_size) < c.vocab_used
+            logits_BTV = jnp.where(real_V, logits_BTV, -jnp.inf)
         return logits_BTV if cache is None else (logits_BTV, new_cache)
 
     def _blocks(self, x_BTD, mask, positions_BT):

@@ -14,7 +14,7 @@ import dataclasses
 
 import jax
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import ConfigError, ModelConfig, padded_vocab
 from transformer.config.fields import SYNTHETIC_CORPORA
 from transformer.model import flops
 
@@ -32,7 +32,8 @@ def model_config_of(config) -> ModelConfig:
         # tasks draw plain bytes.
         vocab = (config.data.bpe_vocab_size if tokenizer == "bpe" else
                  256 if config.data.corpus in SYNTHETIC_CORPORA else 257)
-        model = dataclasses.replace(model, vocab_size=vocab)
+        padded = padded_vocab(vocab, model.vocab_multiple)  # as the run's start pads it
+        model = dataclasses.replace(model, **{k.split(".")[1]: v for k, v in padded.items()})
     return model
 
 

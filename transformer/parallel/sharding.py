@@ -111,8 +111,8 @@ def check_fits(config, mesh: Mesh) -> None:
             fix = f"change {field} or the mesh"
             if logical == "vocab":  # padding rows are harmless: no token ever has those ids
                 fix = (f"pad it, --config.model.vocab_size={-(-size // n) * n} (ids past the "
-                       "tokenizer's are never used), or keep the vocabulary whole with "
-                       "--config.mesh.rules.vocab=")
+                       "tokenizer's are never used; 0 pads the tokenizer's to fit the mesh), "
+                       "or keep the vocabulary whole with --config.mesh.rules.vocab=")
             raise ConfigError(f"{what} is not divisible by {n} ({axes}, which split "
                               f"the '{logical}' axis): {fix}")
     if config.train.batch_size % jax.process_count():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from transformer import config as config_lib
 from transformer.config import ConfigError, resume
 from transformer.hf import load as hf_load
 from transformer.model.kernels import auto
-from transformer.parallel import processes
+from transformer.parallel import processes, sharding
 from transformer.train import workdir as workdir_lib
 from transformer.train.trainer import Trainer, TrainState
 from transformer.train.workdir import WorkdirLock
@@ -40,20 +41,51 @@ def resolve_config(config):
     return auto.resolve(config_lib.replace(config_lib.validate(config)))
 
 
-def resolve(config, tokenizer):
+def resolve(config, tokenizer, mesh=None, saved=None):
     """The config with derived values filled in (a new one; `config` is left as it is): the
-    vocabulary size from the tokenizer when it is 0. Refuses what this machine cannot run."""
+    vocabulary size from the tokenizer when it is 0, padded up to a multiple of
+    model.vocab_multiple and of the pieces `mesh` splits the vocabulary into (so that
+    mesh.tensor=2 needs no hand-padding); a resumed run keeps its checkpoint's (`saved`, the
+    config it was saved with), whatever mesh it resumes on. Refuses what this machine cannot
+    run."""
     if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
                           f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
     if config.model.vocab_size == 0:
-        return config_lib.replace(config, **{"model.vocab_size": tokenizer.vocab_size})
-    if (config.model.vocab_size < tokenizer.vocab_size
-          and config.data.corpus not in data.SYNTHETIC):  # synthetic tasks draw below vocab_size
+        saved = (saved or {}).get("model", {})
+        if saved.get("vocab_size", 0) >= tokenizer.vocab_size:
+            return config_lib.replace(config, **{"model.vocab_size": saved["vocab_size"],
+                                                 "model.vocab_used": saved.get("vocab_used", 0)})
+        multiple = config.model.vocab_multiple
+        if mesh is not None:
+            multiple = math.lcm(multiple, sharding.shards(mesh, sharding.axis_rules(config),
+                                                          "vocab"))
+        return config_lib.replace(config, **config_lib.padded_vocab(tokenizer.vocab_size,
+                                                                    multiple))
+    if config.data.corpus in data.SYNTHETIC:  # synthetic tasks draw below vocab_size: no padding
+        return config
+    if config.model.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
                           f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
                           "or 0 to take it from the tokenizer")
+    if config.model.vocab_size > tokenizer.vocab_size and not config.model.vocab_used:
+        # Padded by hand: those ids are padding too, never sampled.
+        return config_lib.replace(config, **{"model.vocab_used": tokenizer.vocab_size})
     return config
+
+
+def saved_config(workdir) -> dict | None:
+    """The config the newest checkpoint in `workdir` was saved with (derived values as that
+    run resolved them), or None: how a caller after training (train.py's sample) resolves
+    vocab_size=0 as training did, on whatever mesh the run padded it for."""
+    if not checkpoint.directory(workdir).is_dir():
+        return None
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    try:
+        steps = ckpts.all_steps()
+        return ckpts.read_meta(steps[-1])["config"] if steps else None
+    finally:
+        ckpts.close()
 
 
 @dataclasses.dataclass
@@ -105,7 +137,7 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     else:
         config, tokenizer = _init_from(config)  # None: data.tokenizer decides
     tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
-    config = resolve(config, tokenizer)
+    config = resolve(config, tokenizer, mesh, found.meta["config"] if found else None)
     diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))

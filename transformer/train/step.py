@@ -3,6 +3,7 @@
     state  = TrainState(step, params, opt_state)               everything that changes
     state', metrics = train_step(state, batch)                  pure; the caller donates state
     loss   = mean over counted targets of -log softmax(logits)[target]   (float32)
+    descended = loss + z · mean of logsumexp(logits)²              train.z_loss = z (0: off)
 
 Nothing here knows about devices: trainer.py compiles `train_step` for a mesh.
 """
@@ -29,20 +30,40 @@ class TrainState:
 
 def loss_fn(params, batch, model_config: ModelConfig):
     """Weighted mean next-token cross-entropy, in float32."""
+    return objective(params, batch, model_config)[1]
+
+
+def objective(params, batch, model_config: ModelConfig, z_loss: float = 0.0):
+    """(what the step descends, the cross-entropy it logs), both weighted means in float32.
+
+    The z-loss (PaLM, Chowdhery et al. 2022, §5) adds z · log²Z with Z = Σ_v exp(logit_v), the
+    softmax's normaliser: it leaves the probabilities free but pulls log Z towards 0, so the
+    logits cannot drift upwards together (a shift the cross-entropy does not see) until float
+    rounding of the softmax hurts. Padding ids (logit -inf) add nothing to Z."""
     logits_BTV = GPT(model_config).apply({"params": params}, batch["inputs"])
     ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, batch["targets"])
     weights_BT = batch["weights"]
-    return jnp.sum(ce_BT * weights_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0)
+    count = jnp.maximum(jnp.sum(weights_BT), 1.0)
+    ce = jnp.sum(ce_BT * weights_BT) / count
+    if not z_loss:
+        return ce, ce
+    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    return ce + z_loss * jnp.sum(jnp.square(log_z_BT) * weights_BT) / count, ce
 
 
-def accumulated_grad(params, batch, model_config, micro_batches: int):
+def accumulated_grad(params, batch, model_config, micro_batches: int, z_loss: float = 0.0):
     """(loss, gradient) of the whole batch, computed `micro_batches` rows-slices at a time.
 
     Each micro-batch's mean is weighted by its counted targets, so the result is the mean
     over every counted target of the batch: one batch of k·b up to float rounding. Micro-batch
     i takes rows i, i+k, i+2k, ...: with the batch split over devices by rows, every
-    micro-batch stays split the same way."""
-    grad_fn = jax.value_and_grad(loss_fn)
+    micro-batch stays split the same way. The loss returned is the cross-entropy; the gradient
+    is that of the objective (with the z-loss when z_loss > 0)."""
+    def grad_fn(params, batch, model_config):
+        (_, ce), grads = jax.value_and_grad(objective, has_aux=True)(params, batch,
+                                                                     model_config, z_loss)
+        return ce, grads
+
     if micro_batches == 1:
         return grad_fn(params, batch, model_config)
     k = micro_batches
@@ -78,8 +99,9 @@ def schedule_at(opt_state, step):
                         is_leaf=lambda s: isinstance(s, optax.ScaleByScheduleState))
 
 
-def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1):
-    loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches)
+def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1,
+               z_loss: float = 0.0):
+    loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches, z_loss)
     updates, opt_state = optimizer.update(grads, schedule_at(state.opt_state, state.step),
                                           state.params)
     params = optax.apply_updates(state.params, updates)

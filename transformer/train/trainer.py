@@ -67,7 +67,8 @@ class Trainer:
         replicated = sharding.replicated(mesh)
         step = sharding.constrained(functools.partial(train_step, model_config=model_config,
                                                       optimizer=optimizer,
-                                                      micro_batches=config.train.grad_accum),
+                                                      micro_batches=config.train.grad_accum,
+                                                      z_loss=config.train.z_loss),
                                     mesh, rules)
         step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
                           out_shardings=(state_sh, replicated), donate_argnums=0)
