@@ -183,10 +183,13 @@ class Engine:
     def _decode(self) -> None:
         while True:
             with self.wake:
-                while not self.closed and not self.busy and not self._admissible():
+                while True:
+                    self._drop_cancelled()
+                    if self.closed:
+                        return
+                    if self.busy or (self.waiting and self.slots.free()):
+                        break
                     self.wake.wait()
-                if self.closed:
-                    return
                 admit = []
                 for b in self.slots.free():
                     if not self.waiting:
@@ -194,25 +197,30 @@ class Engine:
                     admit.append((b, self.waiting.popleft()))
             for b, seq in admit:
                 self._admit(b, seq)
+            self._release_ended()  # before the chunk: a row may end on its first token
             if self.busy and self.slots.live.any():
                 tokens_BK, made_B = self.slots.run_chunk()
                 for b, seq in list(self.busy.items()):
                     self._deliver(seq, tokens_BK[b, :made_B[b]])
-            for b, seq in list(self.busy.items()):
-                if seq.job.cancelled.is_set():
-                    seq.job.stopped = True
-                if (seq.job.cancelled.is_set() or seq.row.stopped or not self.slots.live[b]
-                        or seq.made >= seq.request.max_tokens):
-                    self.slots.release(b)
-                    del self.busy[b]
-                    seq.done.set()
+                self._release_ended()
 
-    def _admissible(self) -> bool:
-        """Drops waiting rows whose client left (no device time); True if one can start."""
+    def _drop_cancelled(self) -> None:
+        """Waiting rows whose client left never reach the device."""
         for seq in [s for s in self.waiting if s.job.cancelled.is_set()]:
             self.waiting.remove(seq)
             seq.done.set()
-        return bool(self.waiting) and bool(self.slots.free())
+
+    def _release_ended(self) -> None:
+        """Frees the slots of rows that ended: their end-of-text token or a stop string
+        (`row.stopped`), max_tokens, or a client that left."""
+        for b, seq in list(self.busy.items()):
+            if seq.job.cancelled.is_set():
+                seq.job.stopped = True
+            if (seq.job.cancelled.is_set() or seq.row.stopped or not self.slots.live[b]
+                    or seq.made >= seq.request.max_tokens):
+                self.slots.release(b)
+                del self.busy[b]
+                seq.done.set()
 
     def _admit(self, b: int, seq: _Seq) -> None:
         r = seq.request
@@ -276,7 +284,7 @@ class Engine:
                      emit)
                 for p, ids in enumerate(prompts_ids) for j in range(request.n)]
         job.batched = True
-        if request.max_tokens > 0 and not job.cancelled.is_set():
+        if request.max_tokens > 0:
             with self.wake:
                 self.waiting.extend(seqs)
                 self.wake.notify_all()
@@ -284,7 +292,7 @@ class Engine:
             for seq in seqs:
                 seq.done.wait()
             if job.cancelled.is_set() and not job.on_device:
-                raise _Cancelled
+                raise _Cancelled  # its client left before any of its rows ran
         job.released.set()
         choices = []
         for seq in seqs:
