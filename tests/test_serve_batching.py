@@ -18,6 +18,7 @@ import time
 
 import httpx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -201,3 +202,24 @@ def test_eight_concurrent_clients_each_get_their_text_alone_and_sample_pys(workd
     assert any(len(t) < r["max_tokens"] for r, ts in zip(REQUESTS, expected) for t in ts
                if "stop" in r)  # a stop string cut some text
 
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["filtered", "temperature-only"])
+def test_sample_rows_gives_each_row_its_token_alone(filters):
+    """One batched draw with per-row knobs and keys equals each row drawn alone by
+    `sampling.sample` (decode's path), greedy rows included; without any top-k / top-p the
+    sort is skipped and the draw is still the same."""
+    from transformer.generate import sampling
+
+    B, V = 6, 50
+    logits_BV = jax.random.normal(jax.random.key(3), (B, V)) * 3
+    temperature = np.array([0.0, 1.0, 0.7, 1.3, 0.0, 1.0], np.float32)
+    top_k = np.array([0, 5, 0, 0, 3, 40] if filters else [0] * B, np.int32)
+    top_p = np.array([1.0, 1.0, 0.8, 0.5, 1.0, 0.9] if filters else [1.0] * B, np.float32)
+    for seed in range(5):
+        keys = [jax.random.wrap_key_data(jnp.tile(slots_lib._row_key(seed, b, 0), 2),
+                                         impl="unsafe_rbg") for b in range(B)]
+        together = jax.jit(sampling.sample_rows)(logits_BV, keys, temperature, top_k, top_p)
+        alone = [int(sampling.sample(logits_BV[b:b + 1], [keys[b]], temperature[b], top_k[b],
+                                     top_p[b])[0]) for b in range(B)]
+        assert np.asarray(together).tolist() == alone

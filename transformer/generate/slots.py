@@ -111,11 +111,11 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
             go_B &= rows.index < S  # a full cache waits for the host's re-prefill
         logits_B1V, cache = _forward(config, params, rows.token[:, None], cache, rows.index,
                                      start_B)
-        # Row by row, with each row's own knobs and key: decode's sampling of that row alone
-        # (a greedy row skips the sort, as in decode).
-        token_B = jnp.stack([_sample_row(logits_B1V[b:b + 1, 0], keys_KB2[t, b],
-                                         temperature_B[b], top_k_B[b], top_p_B[b])
-                             for b in range(B)])
+        # Each row with its own knobs and key: the token decode's sampling gives it alone.
+        keys = [jax.random.wrap_key_data(jnp.tile(keys_KB2[t, b], 2), impl="unsafe_rbg")
+                for b in range(B)]
+        token_B = sampling.sample_rows(logits_B1V[:, 0], keys, temperature_B, top_k_B,
+                                       top_p_B)
         token_B = jnp.where(go_B, token_B, rows.token)
         out_BK = jax.lax.dynamic_update_slice(
             out_BK, jnp.where(go_B, token_B, decode.PAD_ID)[:, None], (0, t))
