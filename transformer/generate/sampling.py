@@ -19,16 +19,27 @@ import jax
 import jax.numpy as jnp
 
 
+def _per_row(knob):
+    """A knob as it broadcasts against [B, V]: a scalar as is, one value per row as [B, 1]."""
+    knob = jnp.asarray(knob)
+    return knob[:, None] if knob.ndim == 1 else knob
+
+
 def filter_logits(logits_BV, temperature, top_k, top_p):
-    """Temperature-scaled logits with everything outside the top-k / top-p set at -inf."""
+    """Temperature-scaled logits with everything outside the top-k / top-p set at -inf.
+    Each knob is one value for every row, or one per row ([B])."""
     logits_BV = logits_BV.astype(jnp.float32)
+    temperature, top_k, top_p = map(_per_row, (temperature, top_k, top_p))
     V = logits_BV.shape[-1]
     scaled_BV = logits_BV / jnp.maximum(temperature, 1e-6)
     sorted_BV = jnp.sort(scaled_BV, axis=-1)[:, ::-1]  # descending
 
     # top-k: the k-th largest value is the smallest one kept.
     k = jnp.clip(top_k, 1, V)
-    kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
+    if k.ndim:
+        kth_B1 = jnp.take_along_axis(sorted_BV, k - 1, axis=-1)
+    else:
+        kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
     kth_B1 = jnp.where(top_k > 0, kth_B1, -jnp.inf)
     sorted_BV = jnp.where(sorted_BV >= kth_B1, sorted_BV, -jnp.inf)
 
@@ -67,3 +78,25 @@ def sample(logits_BV, key, temperature, top_k, top_p):
 
     # A branch, not a select: greedy decoding skips the sort that the filters need.
     return jax.lax.cond(temperature > 0, draw, greedy, logits_BV).astype(jnp.int32)
+
+
+def sample_rows(logits_BV, keys, temperature_B, top_k_B, top_p_B):
+    """One token per row, each row with its own knobs and key (a sequence of B keys): the
+    token `sample` gives that row alone. For continuous batching, where rows of different
+    requests share one step. Greedy rows take the argmax; the draw and the sort are skipped
+    when no row needs them (the filters, with top_k = 0 and top_p = 1 everywhere, keep every
+    finite logit: the temperature-scaled logits are then the filtered ones exactly)."""
+    logits_BV = logits_BV.astype(jnp.float32)
+    filtering = jnp.any((top_k_B > 0) | (top_p_B < 1))
+
+    def draw(logits_BV):
+        filtered_BV = jax.lax.cond(
+            filtering, lambda x: filter_logits(x, temperature_B, top_k_B, top_p_B),
+            lambda x: x / jnp.maximum(temperature_B, 1e-6)[:, None], logits_BV)
+        return jnp.stack([jax.random.categorical(k, filtered_BV[b])
+                          for b, k in enumerate(keys)]).astype(jnp.int32)
+
+    drawn_B = jax.lax.cond(jnp.any(temperature_B > 0), draw,
+                           lambda x: jnp.zeros(x.shape[0], jnp.int32), logits_BV)
+    return jnp.where(temperature_B > 0, drawn_B,
+                     jnp.argmax(logits_BV, axis=-1).astype(jnp.int32))

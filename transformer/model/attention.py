@@ -54,18 +54,22 @@ def cache_mask(start_B: jnp.ndarray, index, T: int, S: int, window: int = 0,
     at token start_B[b]. Query t (token q = index + t) sees slot j when the token now held
     there, a = q - ((q - j) mod ring), is real and not in the future: start_B[b] <= a <= q;
     with a sliding window w > 0 also q - a < w. Before the cache wraps, a = j for j <= q
-    (and a < 0, unseen, for the empty slots after q). Returns mask_Bx1xTxS.
+    (and a < 0, unseen, for the empty slots after q). `index` is one number shared by every
+    row, or one per row ([B]: continuous batching, where each row is at its own point of its
+    own text). Returns mask_Bx1xTxS.
     """
     ring = S if ring is None else ring
     slot_S = jnp.arange(S)
-    query_T = index + jnp.arange(T)
-    age_TxS = (query_T[:, None] - slot_S[None, :]) % ring  # how far back the held token is
-    held_TxS = query_T[:, None] - age_TxS
-    seen_TxS = held_TxS >= 0
+    index = jnp.asarray(index)
+    # [T] for a shared index, [B, T] for one per row; everything below broadcasts over B.
+    query_xT = (index[:, None] if index.ndim else index) + jnp.arange(T)
+    age_xTxS = (query_xT[..., :, None] - slot_S) % ring  # how far back the held token is
+    held_xTxS = query_xT[..., :, None] - age_xTxS
+    seen_xTxS = held_xTxS >= 0
     if window:
-        seen_TxS &= age_TxS < window
-    real_BxTxS = held_TxS[None] >= start_B[:, None, None]
-    return (seen_TxS[None] & real_BxTxS)[:, None]
+        seen_xTxS &= age_xTxS < window
+    real_BxTxS = held_xTxS >= start_B[:, None, None]
+    return (seen_xTxS & real_BxTxS)[:, None]
 
 
 def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, compute_dtype=None):

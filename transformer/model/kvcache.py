@@ -94,11 +94,20 @@ def read(layer_cache: dict, batch: int):
 
 
 def write(layer_cache: dict, k_BGTK, v_BGTK, index) -> dict:
-    """Writes T new keys and values at slots index .. index+T-1 (in place under jit)."""
+    """Writes T new keys and values at slots index .. index+T-1 (in place under jit).
+    `index` is one slot for every row, or one per row ([B], continuous batching: each row's
+    G heads are then written at its own slot, one in-place update per row)."""
     B, G = k_BGTK.shape[:2]
 
     def put(x_NSK, new_BGTK):
         new_NTK = _to_rows(new_BGTK, B, G).astype(x_NSK.dtype)
+        if jnp.ndim(index) == 1:
+            # B small updates rather than one scatter: each is a dynamic_update_slice that
+            # XLA-CPU runs in place (no mesh here: the rows are in plain b·G + g order).
+            for b in range(B):
+                x_NSK = jax.lax.dynamic_update_slice(x_NSK, new_NTK[b * G:(b + 1) * G],
+                                                     (b * G, index[b], 0))
+            return x_NSK
         x_NSK = jax.lax.dynamic_update_slice_in_dim(x_NSK, new_NTK, index, axis=1)
         if not jax.sharding.get_abstract_mesh().empty:
             # Pinned where sharding.cache_shardings puts the cache (the same `row_spec`), so

@@ -27,7 +27,9 @@ _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0: ever
                             "there is no authentication).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 256, "The most new tokens one request may ask "
-                                   "for (the compiled output buffer).")
+                                   "for (per choice).")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 8, "Rows decoded together (choices of all "
+                                  "requests); the KV cache for them is allocated at start-up.")
 _NAME = flags.DEFINE_string("name", None, "The model id clients name (default: the workdir's "
                             "or folder's name).")
 
@@ -53,6 +55,8 @@ def main(argv):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
     if not 1 <= _MAX_TOKENS.value <= 65536:
         cli.fail(f"max_tokens={_MAX_TOKENS.value}: must be in [1, 65536]")
+    if not 1 <= _MAX_BATCH.value <= 256:
+        cli.fail(f"max_batch={_MAX_BATCH.value}: must be in [1, 256]")
     if not 0 <= _PORT.value <= 65535:
         cli.fail(f"port={_PORT.value}: must be in [0, 65535]")
     if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
@@ -64,9 +68,11 @@ def main(argv):
 
     model_config, params, tokenizer, step, name = load()
     name = _NAME.value or name
-    engine = Engine(model_config, params, tokenizer, max_tokens=_MAX_TOKENS.value)
+    engine = Engine(model_config, params, tokenizer, max_tokens=_MAX_TOKENS.value,
+                    max_batch=_MAX_BATCH.value)
     print(f"{name} (step {step}): {model_config.n_layers} layers, d_model "
-          f"{model_config.d_model}, context {model_config.max_seq_len}; warming up...",
+          f"{model_config.d_model}, context {model_config.max_seq_len}; {_MAX_BATCH.value} rows "
+          f"decode together; warming up...",
           flush=True)
     print(f"compiled in {engine.warm_up():.1f}s", flush=True)
     app = create_app(engine, name, step)

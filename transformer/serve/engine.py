@@ -1,51 +1,63 @@
-"""The model side of the server: a loaded run, its compiled programs, and one worker thread.
+"""The model side of the server: a loaded run, its compiled programs, and continuous batching.
 
-    engine = Engine(model_config, params, tokenizer, max_tokens=256)
+    engine = Engine(model_config, params, tokenizer, max_tokens=256, max_batch=8)
     engine.warm_up()                                  compiles what requests will run
     job = engine.submit(lambda job: engine.complete(job, request, prompt_ids, emit))
     job.cancel()                                      the client left: stop at the next chunk
 
-Requests run one at a time, in arrival order, on one worker thread: each is one
-`decode.generate` call per prompt, its `n` choices decoded together in one batch, exactly as
-`sample.py --num_samples=n` decodes them, so the same prompt, seed and knobs give the same text.
-Requests that arrive together wait in the queue rather than share a batch: generate/ draws all
-rows of a batch from one key, so batching two requests would change what each one's seed
-means (docs/serving.md has the numbers for 1 and 8 concurrent clients).
+Every choice of every request is one row of one running batch (`generate/slots.py`): the
+device thread decodes up to `max_batch` rows together, CHUNK = 16 tokens per device call;
+between calls, rows that ended (their end-of-text token, a stop string, max_tokens, a client
+that left) leave and waiting rows take their slots, in arrival order. A row's prompt is
+prefilled alone when it joins, its keys are its own (choice j of seed s draws token i with
+fold_in(fold_in(key(s), j), i), as sample.py's sample j), and its slot holds what a decode of
+it alone would hold, so each request gets the text it gets alone and that
+`sample.py --num_samples=n` gives with the same seed (tests/test_serve_batching.py).
 
-Compiled once: the generation program's output buffer is fixed at `max_tokens` (the most a
-request may ask for), so every max_tokens up to it runs the same program (generate/decode:
-`budget`); warm_up compiles it for one row at every prompt bucket, and the scoring pass at
-every length bucket. Other batch sizes (n > 1) compile once, on first use.
+Jobs start in arrival order on one worker thread, each on its own thread: a completion hands
+its rows to the device thread and lets the next job start; other work (scoring, the page's
+inspect) runs on its job's thread. A job cancelled before any of its rows reached the device
+never runs (its future is cancelled).
 
-Generation always streams to the host (every decode.STREAM_EVERY tokens), whether or not the
-client does: that is where a cancelled job answers "stop", ending the device loop early.
+Compiled once, at warm_up: the batch's chunk program, the one-row prefill at every prompt
+bucket (and the re-prefill length), and the scoring and attention passes at every length
+bucket. The KV cache (max_batch rows x the context) is allocated when the engine is made, so
+memory does not grow with the load; nothing compiles per request.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
-import queue
 import threading
+import queue
 import time
 
 import numpy as np
 
-from transformer.generate import decode, inside
+from transformer.generate import decode, inside, slots
 from transformer.generate import text as textgen
 from transformer.serve.api import ApiError
 
 
 class Job:
-    """One request's work on the worker thread; its result in `future`."""
+    """One request's work; its result in `future`."""
 
     def __init__(self, fn):
         self.fn, self.future = fn, concurrent.futures.Future()
         self.cancelled = threading.Event()
+        self.released = threading.Event()  # the worker may start the next job
         self.stopped = False  # its work was cut short by the cancel
+        self.batched = False  # its work is rows on the device thread
+        self.on_device = False  # one of its rows reached the device
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+class _Cancelled(Exception):
+    """A job cancelled before any of its rows reached the device."""
 
 
 @dataclasses.dataclass
@@ -91,21 +103,43 @@ class _Row:
         return self.cut.push(self.stream.finish()) + self.cut.finish()
 
 
+@dataclasses.dataclass(eq=False)
+class _Seq:
+    """One choice on its way through the batch: what to decode and where its text goes."""
+    job: Job
+    ids: list              # the prompt's token ids
+    choice: int            # j: its key is fold_in(fold_in(key(seed), j), i)
+    index: int             # the choice's index in the answer
+    request: object
+    row: _Row
+    emit: object
+    made: int = 0          # tokens the device made for it
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
 class Engine:
-    def __init__(self, model_config, params, tokenizer, max_tokens: int = 256, log=print):
+    def __init__(self, model_config, params, tokenizer, max_tokens: int = 256,
+                 max_batch: int = 8, log=print):
         self.config, self.params, self.tokenizer = model_config, params, tokenizer
-        self.max_tokens, self.log = max_tokens, log
-        self.budget = decode.token_budget(max_tokens)
+        self.max_tokens, self.max_batch, self.log = max_tokens, max_batch, log
+        self.eot = getattr(tokenizer, "eot", None)
+        self.slots = slots.Slots(model_config, params, max_batch)  # the KV cache, now
         self.jobs: queue.Queue = queue.Queue()
         # What /health reports: requests run, the ones stopped or dropped because their
         # client left, and the tokens generated (all choices).
         self.stats = {"jobs": 0, "cancelled": 0, "tokens": 0}
+        self.waiting: collections.deque = collections.deque()  # rows without a slot yet
+        self.busy: dict[int, _Seq] = {}  # slot -> its row
+        self.wake = threading.Condition()
+        self.closed = False
         self.worker = threading.Thread(target=self._work, name="engine", daemon=True)
         self.worker.start()
+        self.device = threading.Thread(target=self._decode, name="engine-device", daemon=True)
+        self.device.start()
 
-    # --- the worker ------------------------------------------------------------------------
+    # --- the worker: starts jobs in order --------------------------------------------------------
     def submit(self, fn) -> Job:
-        """Queues fn(job) for the worker thread."""
+        """Queues fn(job); the worker starts it after the jobs before it."""
         job = Job(fn)
         self.jobs.put(job)
         return job
@@ -119,16 +153,98 @@ class Engine:
                 self.stats["cancelled"] += 1
                 job.future.cancel()
                 continue
-            self.stats["jobs"] += 1
-            try:
-                job.future.set_result(job.fn(job))
-            except BaseException as e:  # noqa: BLE001 - handed to the request's handler
-                job.future.set_exception(e)
+            threading.Thread(target=self._run, args=(job,), daemon=True).start()
+            job.released.wait()  # a completion releases once its rows are queued
+
+    def _run(self, job: Job) -> None:
+        try:
+            result = job.fn(job)
+            if not job.future.cancelled():
+                job.future.set_result(result)
+        except _Cancelled:
+            self.stats["cancelled"] += 1
+            job.future.cancel()
+        except BaseException as e:  # noqa: BLE001 - handed to the request's handler
+            job.future.set_exception(e)
+        finally:
+            if not job.batched:
+                self.stats["jobs"] += 1
             if job.stopped:
                 self.stats["cancelled"] += 1
+            job.released.set()
 
     def close(self) -> None:
         self.jobs.put(None)
+        with self.wake:
+            self.closed = True
+            self.wake.notify_all()
+
+    # --- the device thread: continuous batching ------------------------------------------------
+    def _decode(self) -> None:
+        while True:
+            with self.wake:
+                while True:
+                    self._drop_cancelled()
+                    if self.closed:
+                        return
+                    if self.busy or (self.waiting and self.slots.free()):
+                        break
+                    self.wake.wait()
+                admit = []
+                for b in self.slots.free():
+                    if not self.waiting:
+                        break
+                    admit.append((b, self.waiting.popleft()))
+            for b, seq in admit:
+                self._admit(b, seq)
+            self._release_ended()  # before the chunk: a row may end on its first token
+            if self.busy and self.slots.live.any():
+                tokens_BK, made_B = self.slots.run_chunk()
+                for b, seq in list(self.busy.items()):
+                    self._deliver(seq, tokens_BK[b, :made_B[b]])
+                self._release_ended()
+
+    def _drop_cancelled(self) -> None:
+        """Waiting rows whose client left never reach the device."""
+        for seq in [s for s in self.waiting if s.job.cancelled.is_set()]:
+            self.waiting.remove(seq)
+            seq.done.set()
+
+    def _release_ended(self) -> None:
+        """Frees the slots of rows that ended: their end-of-text token or a stop string
+        (`row.stopped`), max_tokens, or a client that left."""
+        for b, seq in list(self.busy.items()):
+            if seq.job.cancelled.is_set():
+                seq.job.stopped = True
+            if (seq.job.cancelled.is_set() or seq.row.stopped or not self.slots.live[b]
+                    or seq.made >= seq.request.max_tokens):
+                self.slots.release(b)
+                del self.busy[b]
+                seq.done.set()
+
+    def _admit(self, b: int, seq: _Seq) -> None:
+        r = seq.request
+        if not seq.job.on_device:
+            seq.job.on_device = True
+            self.stats["jobs"] += 1
+        token = self.slots.admit(b, seq.ids, seed=r.seed, choice=seq.choice,
+                                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                 limit=r.max_tokens, eos=-1 if self.eot is None else self.eot)
+        self.busy[b] = seq
+        self._deliver(seq, [token])
+
+    def _deliver(self, seq: _Seq, tokens) -> None:
+        """A chunk's tokens into the row's text; its new text goes out as one piece (one
+        server-sent event per chunk rather than per token: with many clients, the per-event
+        work on the host, not the device, was what limited tokens/s)."""
+        pieces = []
+        for token in tokens:
+            seq.made += 1
+            self.stats["tokens"] += 1
+            pieces.append(seq.row.push(int(token)))
+        piece = "".join(pieces)
+        if piece:
+            seq.emit(seq.index, piece)
 
     # --- requests --------------------------------------------------------------------------
     def encode(self, prompt, cut: bool = True) -> list[int]:
@@ -165,49 +281,38 @@ class Engine:
                                f"{request.max_tokens}", "logprobs")
 
     def complete(self, job: Job, request, prompts_ids, emit=None) -> list[Choice]:
-        """Runs on the worker. `emit(index, piece)`: each choice's new text as it comes."""
+        """Runs on the job's thread: hands every choice to the device thread as a row, lets the
+        next job start, and waits for them. `emit(index, piece)`: each choice's new text as it
+        comes (called on the device thread)."""
         emit = emit or (lambda index, piece: None)
+        seqs = [_Seq(job, ids, j, p * request.n + j, request, _Row(self.tokenizer, request.stop),
+                     emit)
+                for p, ids in enumerate(prompts_ids) for j in range(request.n)]
+        job.batched = request.max_tokens > 0  # scoring alone (echo) runs on this thread
+        if job.batched:
+            with self.wake:
+                self.waiting.extend(seqs)
+                self.wake.notify_all()
+            job.released.set()
+            for seq in seqs:
+                seq.done.wait()
+            if job.cancelled.is_set() and not job.on_device:
+                raise _Cancelled  # its client left before any of its rows ran
+        job.released.set()
         choices = []
-        for p, ids in enumerate(prompts_ids):
-            rows = [_Row(self.tokenizer, request.stop) for _ in range(request.n)]
-            first = p * request.n
-            if request.max_tokens > 0 and not job.cancelled.is_set():
-                self._generate(job, request, ids, rows, emit, first)
+        for seq in seqs:
+            p = seq.index // request.n
+            row = seq.row
+            piece = row.finish()
+            if piece:
+                emit(seq.index, piece)
+            kept = self._ids_within(row)
+            logprobs = (self._logprobs(prompts_ids[p], kept, request.logprobs, request.echo)
+                        if request.logprobs is not None else None)
             prompt_text = self.prompt_text(request.prompts[p]) if request.echo else ""
-            for b, row in enumerate(rows):
-                piece = row.finish()
-                if piece:
-                    emit(first + b, piece)
-                kept = self._ids_within(row)
-                logprobs = (self._logprobs(ids, kept, request.logprobs, request.echo)
-                            if request.logprobs is not None else None)
-                choices.append(Choice(first + b, prompt_text + row.text,
-                                      "stop" if row.stopped else "length", kept, logprobs))
+            choices.append(Choice(seq.index, prompt_text + row.text,
+                                  "stop" if row.stopped else "length", kept, logprobs))
         return choices
-
-    def _generate(self, job, request, ids, rows, emit, first) -> None:
-        def on_tokens(i, tokens_B, done_B):
-            if job.cancelled.is_set():
-                job.stopped = True
-                return False  # the device loop ends at its next chunk
-            self.stats["tokens"] += len(rows)
-            for b, row in enumerate(rows):
-                piece = row.push(tokens_B[b])
-                if piece:
-                    emit(first + b, piece)
-            if all(row.stopped for row in rows):
-                return False
-            return True
-
-        try:
-            eot = getattr(self.tokenizer, "eot", None)
-            decode.generate(self.config, self.params, [ids] * request.n,
-                            max_new_tokens=request.max_tokens, seed=request.seed,
-                            temperature=request.temperature, top_k=request.top_k,
-                            top_p=request.top_p, eos_id=-1 if eot is None else eot,
-                            on_tokens=on_tokens, budget=self.budget)
-        except decode.GenerationError as e:
-            raise ApiError(str(e)) from e
 
     def _ids_within(self, row: _Row) -> list[int]:
         """The row's tokens whose text lies within its (stop-cut) text."""
@@ -262,21 +367,17 @@ class Engine:
 
     # --- start-up ---------------------------------------------------------------------------
     def warm_up(self) -> float:
-        """Compiles, before the first request, the generation program for one row at every
-        prompt bucket, and the scoring and attention passes at every length bucket. Returns
-        the seconds."""
+        """Compiles, before the first request, the batch's chunk and the prefill at every
+        prompt bucket (generate/slots.py), and the scoring and attention passes at every
+        length bucket. Returns the seconds."""
         begin = time.perf_counter()
+        self.slots.warm_up()
         S, P = self.config.max_seq_len, decode.MIN_BUCKET
-        lengths = []
         while True:
-            lengths.append(min(P, S))
+            ids = [0] * min(P, S)
+            inside.token_logprobs(self.config, self.params, ids, top=inside.MAX_TOP)
+            inside.attention(self.config, self.params, ids)
             if P >= S:
                 break
             P *= 2
-        for length in lengths:
-            ids = [0] * length
-            decode.generate(self.config, self.params, [ids], max_new_tokens=1,
-                            on_tokens=lambda *_: True, budget=self.budget)
-            inside.token_logprobs(self.config, self.params, ids, top=inside.MAX_TOP)
-            inside.attention(self.config, self.params, ids)
         return time.perf_counter() - begin

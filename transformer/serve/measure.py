@@ -1,62 +1,166 @@
-"""Tokens per second a running server delivers to 1 and to several concurrent clients.
+"""Tokens per second, time to first token and latency a server delivers to 1, 4, 8 and 16
+concurrent clients.
 
-    python -m transformer.serve.measure --url=http://127.0.0.1:8000 --clients=1,8
+    python -m transformer.serve.measure --workdir=runs/tiny          starts its own server
+    python -m transformer.serve.measure --url=http://127.0.0.1:8000   measures a running one
 
-Each client sends `--requests` completions one after the other (max_tokens `--max_tokens`,
-temperature 0.8, its own seeds); the figure is all completion tokens over the wall time,
-median of `--repeats` rounds. The server runs requests one at a time (engine.py), so with 8
-clients the total stays about that of one, and each client waits its turn.
+Each client sends `--requests` streamed completions one after the other (`--max_tokens`
+tokens, temperature 0.8, its own seeds, the prompt "def "). Per round: tokens/s is every
+token the server made (its /health counter) over the round's wall time; time to first token
+(TTFT) is from sending a request to its first piece of text; latency from sending it to its
+`[DONE]`. Figures are medians over `--repeats` rounds (tokens/s) and p50/p99 over all requests
+of all rounds. The CPU model and the load average are printed first: timings on a loaded
+machine are rough; compare the ratio to one client.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from absl import flags
 
 from transformer import cli
 
-_URL = flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server.")
-_CLIENTS = flags.DEFINE_list("clients", ["1", "8"], "Concurrent clients, one figure each.")
+_URL = flags.DEFINE_string("url", None, "A running server (default: start one on --workdir).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A run to serve for the measurement.")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 16, "The started server's --max_batch.")
+_CLIENTS = flags.DEFINE_list("clients", ["1", "4", "8", "16"], "Concurrent clients.")
 _REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per client per round.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 128, "New tokens per request.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Rounds; the median is printed.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Rounds per client count.")
 
 
-def one_round(url: str, clients: int, requests: int, max_tokens: int) -> float:
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown CPU"
+
+
+def _served_tokens(http, url) -> int:
+    return http.get(f"{url}/health", timeout=60).json()["served"]["tokens"]
+
+
+def one_request(http, url, seed: int, max_tokens: int) -> tuple[float, float]:
+    """(seconds to the first piece of text, seconds to [DONE]) of one streamed request."""
+    begin, first = time.perf_counter(), None
+    body = dict(prompt="def ", max_tokens=max_tokens, temperature=0.8, seed=seed, stream=True)
+    with http.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if first is None and line.startswith("data: {"):
+                if any(c.get("text") for c in json.loads(line[6:]).get("choices", [])):
+                    first = time.perf_counter() - begin
+    return first if first is not None else float("nan"), time.perf_counter() - begin
+
+
+def one_round(url: str, clients: int, requests: int, max_tokens: int):
+    """(tokens/s of the round, [(ttft, latency)] of its requests)."""
     import httpx
 
-    tokens = [0] * clients
+    timings = []
+    lock = threading.Lock()
 
     def client(c):
         with httpx.Client(timeout=600) as http:
             for r in range(requests):
-                reply = http.post(f"{url}/v1/completions", json=dict(
-                    prompt="def ", max_tokens=max_tokens, temperature=0.8, seed=c * 1000 + r))
-                reply.raise_for_status()
-                tokens[c] += reply.json()["usage"]["completion_tokens"]
+                t = one_request(http, url, c * 1000 + r, max_tokens)
+                with lock:
+                    timings.append(t)
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    begin = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(tokens) / (time.perf_counter() - begin)
+    with httpx.Client() as http:
+        before = _served_tokens(http, url)
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+        begin = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - begin
+        made = _served_tokens(http, url) - before
+    return made / wall, timings
+
+
+def _percentile(xs, q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def measure(url: str, clients_list, requests: int, max_tokens: int, repeats: int, out=print):
+    one_round(url, 1, 1, max_tokens)  # the first request of a fresh server
+    base = None
+    for clients in clients_list:
+        rates, timings = [], []
+        for _ in range(repeats):
+            rate, t = one_round(url, clients, requests, max_tokens)
+            rates.append(rate)
+            timings += t
+        rate = statistics.median(rates)
+        base = base or rate
+        ttft, latency = [t[0] for t in timings], [t[1] for t in timings]
+        out(f"{clients:>3} client(s): {rate:8,.0f} tokens/s ({rate / base:4.1f}x one client; "
+            f"rounds {', '.join(f'{r:,.0f}' for r in rates)}); TTFT p50 {_percentile(ttft, 50):.3f}"
+            f" s, p99 {_percentile(ttft, 99):.3f} s; latency p50 {_percentile(latency, 50):.2f} s, "
+            f"p99 {_percentile(latency, 99):.2f} s")
+
+
+def _start_server(workdir: str, max_batch: int, max_tokens: int):
+    """A `python -m transformer serve` on a free 127.0.0.1 port; (process, url)."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}", f"--port={port}",
+         f"--max_batch={max_batch}", f"--max_tokens={max(max_tokens, 16)}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            cli.fail(f"the server on {workdir} exited with status {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.terminate()
+    cli.fail("the server did not start within 10 minutes")
 
 
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
-    one_round(_URL.value, 1, 1, _MAX_TOKENS.value)  # the first request of a fresh server
-    for clients in map(int, _CLIENTS.value):
-        rates = [one_round(_URL.value, clients, _REQUESTS.value, _MAX_TOKENS.value)
-                 for _ in range(_REPEATS.value)]
-        print(f"{clients} client(s): {statistics.median(rates):,.0f} tokens/s "
-              f"(rounds: {', '.join(f'{r:,.0f}' for r in rates)})", file=sys.stdout, flush=True)
+    if (_URL.value is None) == (_WORKDIR.value is None):
+        cli.fail("give one of --url=http://HOST:PORT or --workdir=RUN")
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    proc, url = None, _URL.value
+    if url is None:
+        proc, url = _start_server(_WORKDIR.value, _MAX_BATCH.value, _MAX_TOKENS.value)
+        print(f"server: --workdir={_WORKDIR.value} --max_batch={_MAX_BATCH.value}", flush=True)
+    try:
+        measure(url, list(map(int, _CLIENTS.value)), _REQUESTS.value, _MAX_TOKENS.value,
+                _REPEATS.value, out=lambda line: print(line, flush=True))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

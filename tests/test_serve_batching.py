@@ -1,0 +1,225 @@
+"""Continuous batching (generate/slots.py, serve/engine.py): every row of a running batch gets
+the text it gets alone.
+
+- Slots against decode.generate alone, token for token: rows of different prompt lengths,
+  seeds, choices and knobs joining and leaving a 3-slot batch, past the context, for both
+  window policies; a planted bug (a row's slot index shared, keys not per choice) fails it.
+- The server with --max_batch=4 against 8 concurrent official-`openai`-client requests of
+  different lengths, seeds and knobs (greedy and sampled, streamed and not, n > 1, stop
+  strings): each gets what it gets alone and what sample.py's sample_text gives.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.test_resume import MODEL, env_with, run, write_corpus
+from transformer.config import ModelConfig
+from transformer.generate import decode, slots as slots_lib
+from transformer.model.gpt import init_params
+
+VARIANTS = {
+    "reprefill": dict(),                                        # learned positions
+    "roll": dict(position="rope", sliding_window=12),           # a ring cache
+}
+# (prompt length, seed, choice, temperature, top_k, top_p, max tokens): more texts than slots,
+# so rows join a running batch at other slots and other steps than their neighbours.
+ROWS = [(30, 0, 0, 0.0, 0, 1.0, 50), (9, 1, 0, 1.0, 10, 0.9, 70), (9, 1, 1, 1.0, 10, 0.9, 70),
+        (3, 2, 2, 0.8, 0, 1.0, 20), (40, 3, 0, 1.0, 5, 1.0, 75), (17, 4, 0, 0.0, 0, 1.0, 33),
+        (1, 5, 0, 1.3, 0, 0.5, 5)]
+
+
+def _config(variant) -> ModelConfig:
+    return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                       max_seq_len=32, matmul="plain", **VARIANTS[variant])
+
+
+def batched(config, params, rows, max_batch=3, chunk=8) -> list[list[int]]:
+    """Every row through a Slots batch: admitted when a slot is free, released when done."""
+    slots = slots_lib.Slots(config, params, max_batch=max_batch, chunk=chunk)
+    out, waiting, where = [[] for _ in rows], list(range(len(rows))), {}
+    while waiting or where:
+        for b in slots.free():
+            if not waiting:
+                break
+            r = waiting.pop(0)
+            prompt, seed, choice, t, k, p, limit = rows[r]
+            out[r].append(slots.admit(b, prompt, seed=seed, choice=choice, temperature=t,
+                                      top_k=k, top_p=p, limit=limit))
+            where[b] = r
+        tokens_BK, made_B = slots.run_chunk()
+        for b, r in list(where.items()):
+            out[r] += tokens_BK[b, :made_B[b]].tolist()
+            if not slots.live[b]:
+                slots.release(b)
+                del where[b]
+    return out
+
+
+def _rows():
+    rng = np.random.default_rng(0)
+    return [(rng.integers(1, 64, n).tolist(), *rest) for n, *rest in ROWS]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_row_of_a_continuous_batch_equals_its_text_alone(variant):
+    config = _config(variant)
+    assert decode.window_policy(config) == variant
+    params = init_params(config, jax.random.key(1))
+    rows = _rows()
+    got = batched(config, params, rows)
+    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
+        # alone: choice j is row j of a batch of j + 1 copies (sample.py --num_samples)
+        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
+                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
+        assert tokens == alone
+    assert max(len(p) + n for p, *_, n in rows) > 2 * config.max_seq_len  # past the context
+
+
+def test_a_planted_bug_breaks_the_equality(monkeypatch):
+    """The check can fail: keys drawn for choice 0 whatever the choice, or one slot index
+    for every row (the first row's), each change some row's text."""
+    config = _config("reprefill")
+    params = init_params(config, jax.random.key(1))
+    rows = _rows()
+    good = batched(config, params, rows)
+    original = slots_lib._row_key
+    monkeypatch.setattr(slots_lib, "_row_key", lambda seed, choice, i: original(seed, 0, i))
+    assert batched(config, params, rows) != good
+    monkeypatch.undo()
+    original_forward = slots_lib._forward
+    monkeypatch.setattr(slots_lib, "_forward", lambda c, p, t, cache, index_B, start_B:
+                        original_forward(c, p, t, cache, index_B * 0 + index_B[0], start_B))
+    assert batched(config, params, rows) != good
+
+
+# --- the server ---------------------------------------------------------------------------
+
+openai = pytest.importorskip("openai")
+MAX_BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batching")
+    corpus = write_corpus(tmp / "text.txt")
+    workdir = tmp / "run"
+    out = run(["train.py", *MODEL, f"--config.data.corpus={corpus}", f"--workdir={workdir}",
+               "--config.train.steps=60", "--config.train.ckpt_every=60"])
+    assert out.returncode == 0, out.stderr
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}",
+         f"--port={port}", "--max_tokens=200", f"--max_batch={MAX_BATCH}", "--name=tiny"],
+        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+# 8 requests, 11 rows for 4 slots: different prompts, lengths (past the 32-token context),
+# seeds, knobs, n, stop strings, streamed or not.
+REQUESTS = [
+    dict(prompt="the quick ", max_tokens=60, temperature=0.0, seed=0, stream=False),
+    dict(prompt="a lazy ", max_tokens=150, temperature=1.0, top_p=0.9, seed=3, n=3,
+         stream=True),
+    dict(prompt="the ", max_tokens=25, temperature=0.8, seed=11, stop=["e t", "og"],
+         stream=False),
+    dict(prompt="over the lazy dog the quick brown fox ", max_tokens=90, temperature=1.0,
+         seed=5, top_k=8, stream=True),
+    dict(prompt="q", max_tokens=7, temperature=1.2, seed=2, stream=False),
+    dict(prompt="brown ", max_tokens=120, temperature=0.0, seed=9, stop="zz", stream=True),
+    dict(prompt="jumps ", max_tokens=40, temperature=0.7, seed=4, n=2, top_p=0.8,
+         stream=False),
+    dict(prompt="the lazy ", max_tokens=33, temperature=1.0, seed=8, stop=" ", stream=True),
+]
+
+
+def ask(client, request) -> list[str]:
+    """The request's choices' texts, through the official client (streamed or not)."""
+    body = dict(request)
+    extra = {"top_k": body.pop("top_k")} if "top_k" in body else None
+    stream = body.pop("stream")
+    reply = client.completions.create(model="tiny", stream=stream, extra_body=extra, **body)
+    if not stream:
+        return [c.text for c in sorted(reply.choices, key=lambda c: c.index)]
+    texts = {}
+    for chunk in reply:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    return [texts.get(i, "") for i in range(request.get("n", 1))]
+
+
+def test_eight_concurrent_clients_each_get_their_text_alone_and_sample_pys(workdir, server):
+    from transformer.checkpoint import load_run
+    from transformer.generate import text as textgen
+
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+    run_ = load_run(workdir)
+    expected = [textgen.sample_text(
+        run_.model_config, run_.params, run_.tokenizer, r["prompt"], num_samples=r.get("n", 1),
+        max_new_tokens=r["max_tokens"], temperature=r["temperature"], top_k=r.get("top_k", 0),
+        top_p=r.get("top_p", 1.0), seed=r["seed"], stop=r.get("stop")) for r in REQUESTS]
+    alone = [ask(client, r) for r in REQUESTS]
+    assert alone == expected
+    together = [None] * len(REQUESTS)
+
+    def one(i):
+        together[i] = ask(client, REQUESTS[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert together == expected
+    assert len({text for texts in expected for text in texts}) > 8  # not all alike
+    assert any(len(t) < r["max_tokens"] for r, ts in zip(REQUESTS, expected) for t in ts
+               if "stop" in r)  # a stop string cut some text
+
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["filtered", "temperature-only"])
+def test_sample_rows_gives_each_row_its_token_alone(filters):
+    """One batched draw with per-row knobs and keys equals each row drawn alone by
+    `sampling.sample` (decode's path), greedy rows included; without any top-k / top-p the
+    sort is skipped and the draw is still the same."""
+    from transformer.generate import sampling
+
+    B, V = 6, 50
+    logits_BV = jax.random.normal(jax.random.key(3), (B, V)) * 3
+    temperature = np.array([0.0, 1.0, 0.7, 1.3, 0.0, 1.0], np.float32)
+    top_k = np.array([0, 5, 0, 0, 3, 40] if filters else [0] * B, np.int32)
+    top_p = np.array([1.0, 1.0, 0.8, 0.5, 1.0, 0.9] if filters else [1.0] * B, np.float32)
+    for seed in range(5):
+        keys = [jax.random.wrap_key_data(jnp.tile(slots_lib._row_key(seed, b, 0), 2),
+                                         impl="unsafe_rbg") for b in range(B)]
+        together = jax.jit(sampling.sample_rows)(logits_BV, keys, temperature, top_k, top_p)
+        alone = [int(sampling.sample(logits_BV[b:b + 1], [keys[b]], temperature[b], top_k[b],
+                                     top_p[b])[0]) for b in range(B)]
+        assert np.asarray(together).tolist() == alone

@@ -1,0 +1,260 @@
+"""Continuous batching: B rows ("slots") of one preallocated KV cache, each decoding its own
+text with its own key, positions and sampling knobs. A text joins a free slot between chunks
+and leaves when done; the others never wait for it.
+
+    slots = Slots(config, params, max_batch=8)      the cache for 8 rows, allocated once
+    slots.warm_up()                                 compiles every program requests will run
+    token = slots.admit(b, prompt_ids, seed=, choice=, temperature=, top_k=, top_p=, limit=)
+    tokens_BK, made_B = slots.run_chunk()           CHUNK more tokens for every busy slot
+    slots.release(b)
+
+Row b holds exactly what `decode.generate` holds for its text alone, so it samples the same
+tokens (up to the rounding of batched matmuls, as `--num_samples` batches do): its prompt
+left-padded to the same bucket P at slots 0 .. P-1, its token n at slot P + n, its positions
+counted from its first real token, token i drawn with the key fold_in(fold_in(key(seed),
+choice), i), and the window policy applied at the same token. What differs is that every row
+has its own slot index (`index_B`): the cache write, the mask and the positions take one per
+row, so rows need not be aligned, and a row's cache is never moved.
+
+- `admit` prefills one row (a program per prompt bucket, its cache row cut out of the batch
+  cache and written back in place) and samples its first token.
+- `run_chunk` runs CHUNK decode steps for all B rows at once (one compiled `fori_loop`); a
+  row that is free, has ended (its end token, its `limit`), or has filled its cache under the
+  "reprefill" policy does not advance: its forward pass is computed and thrown away (its
+  write lands in a slot it will overwrite before reading).
+- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled by the
+  host between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
+  Under "roll" a row's cache is a ring and it never stops.
+
+Every program has fixed shapes (B = max_batch, the full S slots), so nothing compiles after
+warm_up, and memory is fixed at start-up: the cache plus at most S tokens of history per row.
+Attention reads all S slots of every row: a row's empty and stale slots are masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.config import ModelConfig
+from transformer.generate import decode, sampling
+from transformer.model import kernels
+from transformer.model.gpt import GPT, unstack_layers
+
+CHUNK = decode.STREAM_EVERY  # tokens per device call: the streaming granularity of generate
+
+
+def _row_key(seed, choice, i):
+    """Key data of token i of choice `choice` of seed `seed`: decode's fold_in(fold_in(key(seed),
+    b), i), b being the row a sample.py batch would give that choice."""
+    return jax.random.key_data(
+        jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), choice), i))
+
+
+def _sample_row(logits_1V, key_data, temperature, top_k, top_p):
+    """One row's token, through sampling.sample exactly as decode's loop calls it."""
+    key = jax.random.wrap_key_data(jnp.tile(key_data, 2), impl="unsafe_rbg")
+    return sampling.sample(logits_1V, [key], temperature, top_k, top_p)[0]
+
+
+def _forward(config, params, tokens_BT, cache, index_B, start_B):
+    """decode._forward with one slot index per row."""
+    positions_BT = jnp.maximum(index_B[:, None] + jnp.arange(tokens_BT.shape[1])[None, :]
+                               - start_B[:, None], 0)
+    return GPT(config).apply({"params": params}, tokens_BT, positions_BT, cache=cache,
+                             index=index_B, start_B=start_B)
+
+
+def _prefill(params, cache, row, tokens_1P, start, seed, choice, i, temperature, top_k, top_p,
+             *, config: ModelConfig):
+    """Writes one row's P tokens at its slots 0 .. P-1 (positions from its first real token,
+    `start`) and samples its token i from the last one's logits. Returns (cache, token)."""
+    G = config.kv_heads
+    row_cache = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, row * G, G, axis=0),
+                             cache)
+    start_1 = jnp.reshape(start, (1,))
+    logits_1PV, row_cache = decode._forward(config, params, tokens_1P, row_cache, 0, start_1)
+    cache = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, row * G, axis=0),
+                         cache, row_cache)
+    token = _sample_row(logits_1PV[:, -1], _row_key(seed, choice, i), temperature, top_k, top_p)
+    return cache, token
+
+
+class _Rows(NamedTuple):
+    """The per-row state a chunk reads and advances (arrays of B)."""
+    token: jax.Array    # the last token sampled, not yet in the cache
+    index: jax.Array    # the slot it goes to (counted from the text's start)
+    i: jax.Array        # how many tokens the row has sampled
+    live: jax.Array     # the row is decoding (admitted, not ended)
+
+
+def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, temperature_B,
+           top_k_B, top_p_B, eos_B, *, config: ModelConfig, steps: int):
+    """`steps` decode steps for every row that can go. Returns (cache, rows, tokens_BK) with
+    tokens_BK[b, t] the row's t-th new token of this chunk (decode.PAD_ID where it made none)."""
+    B, S = start_B.shape[0], config.max_seq_len
+    ring = decode.window_policy(config) == "roll"
+    # Every row's keys for the chunk's steps, before the loop (decode does the same: a
+    # threefry inside the loop body made XLA copy the cache every step).
+    keys_KB2 = jax.vmap(lambda t: jax.vmap(_row_key)(seed_B, choice_B, rows.i + t))(
+        jnp.arange(steps))
+
+    def step(t, carry):
+        cache, rows, out_BK = carry
+        go_B = rows.live
+        if not ring:
+            go_B &= rows.index < S  # a full cache waits for the host's re-prefill
+        logits_B1V, cache = _forward(config, params, rows.token[:, None], cache, rows.index,
+                                     start_B)
+        # Each row with its own knobs and key: the token decode's sampling gives it alone.
+        keys = [jax.random.wrap_key_data(jnp.tile(keys_KB2[t, b], 2), impl="unsafe_rbg")
+                for b in range(B)]
+        token_B = sampling.sample_rows(logits_B1V[:, 0], keys, temperature_B, top_k_B,
+                                       top_p_B)
+        token_B = jnp.where(go_B, token_B, rows.token)
+        out_BK = jax.lax.dynamic_update_slice(
+            out_BK, jnp.where(go_B, token_B, decode.PAD_ID)[:, None], (0, t))
+        i_B = rows.i + go_B
+        rows = _Rows(token_B, rows.index + go_B, i_B,
+                     rows.live & ~(go_B & (token_B == eos_B)) & (i_B < limit_B))
+        return cache, rows, out_BK
+
+    out_BK = jnp.full((B, steps), decode.PAD_ID, jnp.int32)
+    return jax.lax.fori_loop(0, steps, step, (cache, rows, out_BK))
+
+
+@dataclasses.dataclass
+class _Slot:
+    """The host's copy of one busy row: what a re-prefill needs and what the chunk reads."""
+    start: int
+    seed: int
+    choice: int
+    limit: int
+    knobs: tuple           # temperature, top_k, top_p
+    eos: int
+    history: list          # the token in each filled slot (re-prefill policy only)
+
+
+class Slots:
+    """B slots of one KV cache and the compiled programs that decode them (module doc)."""
+
+    def __init__(self, config: ModelConfig, params, max_batch: int, chunk: int = CHUNK):
+        config = dataclasses.replace(config, scan_layers=False)
+        params = unstack_layers(params, config.n_layers)  # once: no per-step slicing
+        self.config, self.params = kernels.decode_setup(config, params, max_batch)
+        self.B, self.S, self.chunk = max_batch, config.max_seq_len, chunk
+        self.cache = decode.new_cache(config=self.config, batch=max_batch)
+        self.token = np.zeros(max_batch, np.int32)
+        self.index = np.zeros(max_batch, np.int32)
+        self.i = np.zeros(max_batch, np.int32)
+        self.live = np.zeros(max_batch, bool)
+        self.slots: list[_Slot | None] = [None] * max_batch
+        self.prefill = jax.jit(functools.partial(_prefill, config=self.config),
+                               donate_argnums=1)
+        self.step = jax.jit(functools.partial(_chunk, config=self.config, steps=chunk),
+                            donate_argnums=1)
+
+    # --- the programs ------------------------------------------------------------------------
+    def buckets(self) -> list[int]:
+        """The prefill lengths: every prompt bucket, and W (a re-prefill's length)."""
+        out, P = set(), decode.MIN_BUCKET
+        while True:
+            out.add(min(P, self.S))
+            if P >= self.S:
+                break
+            P *= 2
+        if decode.window_policy(self.config) == "reprefill":
+            out.add(decode.keep_length(self.S))
+        return sorted(out)
+
+    def warm_up(self) -> None:
+        """Compiles the chunk and every prefill length (on slot 0, which stays free)."""
+        for P in self.buckets():
+            self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
+        self.live[:] = False
+        self.run_chunk()
+
+    def _run_prefill(self, b, tokens, start, seed, choice, i, knobs) -> int:
+        temperature, top_k, top_p = knobs
+        self.cache, token = self.prefill(
+            self.params, self.cache, np.int32(b), np.asarray([tokens], np.int32),
+            np.int32(start), np.int32(seed), np.int32(choice), np.int32(i),
+            np.float32(temperature), np.int32(top_k), np.float32(top_p))
+        return int(token)
+
+    # --- rows ----------------------------------------------------------------------------------
+    def free(self) -> list[int]:
+        return [b for b in range(self.B) if self.slots[b] is None]
+
+    def admit(self, b: int, prompt, *, seed: int, choice: int, temperature: float,
+              top_k: int, top_p: float, limit: int, eos: int = -1) -> int:
+        """Prefills slot b with a prompt (token ids; its last S if longer), samples its first
+        token and returns it. `limit`: the most tokens the row makes; `eos`: its end token."""
+        prompt_BP, start_B = decode.left_pad([prompt], self.S)
+        tokens, start = prompt_BP[0].tolist(), int(start_B[0])
+        knobs = (temperature, top_k, top_p)
+        token = self._run_prefill(b, tokens, start, seed, choice, 0, knobs)
+        self.slots[b] = _Slot(start, seed, choice, limit, knobs, eos, tokens)
+        self.token[b], self.index[b], self.i[b] = token, len(tokens), 1
+        self.live[b] = token != eos and limit > 1
+        return token
+
+    def release(self, b: int) -> None:
+        self.slots[b] = None
+        self.live[b] = False
+
+    def _reprefill(self, b: int) -> int:
+        """Slot b's S slots are full: its last W tokens (the unwritten one included) into
+        slots 0 .. W-1 with positions from 0, and its next token (decode's `reprefill`)."""
+        slot, S = self.slots[b], self.S
+        W = decode.keep_length(S)
+        shift = S - W + 1
+        tokens = slot.history[shift:] + [int(self.token[b])]
+        slot.start = max(slot.start - shift, 0)
+        slot.history = tokens
+        token = self._run_prefill(b, tokens, slot.start, slot.seed, slot.choice,
+                                  int(self.i[b]), slot.knobs)
+        self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
+        self.live[b] = token != slot.eos and self.i[b] < slot.limit
+        return token
+
+    def run_chunk(self) -> tuple[np.ndarray, np.ndarray]:
+        """Up to `chunk` new tokens for every live row. Returns (tokens_BK, made_B): row b's
+        new tokens are tokens_BK[b, :made_B[b]] (a re-prefill's token first, if it had one)."""
+        reprefilled = {}
+        if decode.window_policy(self.config) == "reprefill":
+            for b in np.flatnonzero(self.live & (self.index >= self.S)):
+                reprefilled[int(b)] = self._reprefill(int(b))
+        fill = [s or _Slot(0, 0, 0, 0, (0.0, 0, 1.0), -1, []) for s in self.slots]
+        rows = _Rows(self.token, self.index, self.i, self.live)
+        before_i, before_token = self.i.copy(), self.token.copy()
+        self.cache, rows, out_BK = self.step(
+            self.params, self.cache, rows,
+            np.asarray([s.start for s in fill], np.int32),
+            np.asarray([s.seed for s in fill], np.int32),
+            np.asarray([s.choice for s in fill], np.int32),
+            np.asarray([s.limit for s in fill], np.int32),
+            np.asarray([s.knobs[0] for s in fill], np.float32),
+            np.asarray([s.knobs[1] for s in fill], np.int32),
+            np.asarray([s.knobs[2] for s in fill], np.float32),
+            np.asarray([s.eos for s in fill], np.int32))
+        out_BK = np.asarray(out_BK)
+        self.token, self.index, self.i, self.live = (np.array(x) for x in rows)
+        made_B = self.i - before_i
+        if decode.window_policy(self.config) == "reprefill":
+            for b in np.flatnonzero(made_B):  # the tokens the chunk wrote into the cache
+                self.slots[b].history += [int(before_token[b])] + out_BK[b, :made_B[b] - 1].tolist()
+        if reprefilled:
+            out_BK = np.concatenate([np.zeros((self.B, 1), np.int32), out_BK], axis=1)
+            for b in range(self.B):
+                if b in reprefilled:
+                    out_BK[b, 0] = reprefilled[b]
+                else:
+                    out_BK[b, :-1] = out_BK[b, 1:]
+            made_B = made_B + np.asarray([b in reprefilled for b in range(self.B)])
+        return out_BK, made_B
