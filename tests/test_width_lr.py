@@ -1,6 +1,9 @@
 """The width rule (train.lr_base_width, train/width_lr.py): each parameter's learning rate is
 the one the rule states, read off the optimizer's own update; at lr_base_width == d_model
-training is bitwise unchanged."""
+training is bitwise unchanged; the ladders resolve with the rule on."""
+
+import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +12,11 @@ import pytest
 
 from transformer.config import ModelConfig, base_config, validate
 from transformer.model.gpt import init_params
+from transformer.scaling import sweep as scaling
 from transformer.train import optimizer, width_lr
 from transformer.train import step as step_lib
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The blocks' hidden matrices, written out independently of width_lr.HIDDEN: these and only
 # these step at lr · base / d_model; embeddings, the position table, the untied head, norm
@@ -94,3 +100,38 @@ def test_at_base_width_equal_to_d_model_training_is_bitwise_unchanged():
     for a, b in zip(off, same):
         assert np.array_equal(np.asarray(a), np.asarray(b))
     assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(off, other))
+
+
+def _sweep(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / "scaling" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+LADDERS = sorted(p.stem for p in (ROOT / "configs" / "scaling").glob("*.py")
+                 if p.stem != "lr_transfer")  # the study itself sweeps the rule off and on
+
+
+@pytest.mark.parametrize("name", LADDERS)
+def test_the_ladders_resolve_with_the_rule_on(name):
+    """Every member of every ladder config carries the rule (the ladders' default), and its
+    optimizer builds at the member's own width with the stated multiplier."""
+    members = scaling.members(_sweep(name))
+    assert len(LADDERS) >= 7
+    widths = {m.config.train.lr_base_width for m in members}
+    assert len(widths) == 1 and widths.pop() > 0
+    for m in members[:3]:
+        t, d = m.config.train, m.config.model.d_model
+        assert width_lr.multiplier(t, d) == t.lr_base_width / d
+        optimizer.make_optimizer(t, d)
+
+
+def test_the_lr_transfer_study_has_the_rule_off_and_on_at_every_lr():
+    sweep = _sweep("lr_transfer")
+    members = scaling.members(sweep)
+    got = {(m.config.train.lr_base_width, m.config.train.lr, m.config.model.d_model)
+           for m in members}
+    assert {w for w, _, _ in got} == {0, 16}
+    assert {d for _, _, d in got} == {16, 32, 64}  # 4x in width
+    assert len(got) == len(members)

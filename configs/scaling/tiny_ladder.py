@@ -19,6 +19,6 @@ def get_config():
     base.sample.max_new_tokens = 40
     base.data.update(max_bytes=1_000_000)
     base.train.update(batch_size=8, lr=3e-3, warmup_steps=20, log_every=10, eval_every=100,
-                      eval_batches=4, ckpt_every=200)
+                      eval_batches=4, ckpt_every=200, lr_base_width=16)
     return sweep_config(base, ladder(range(1, 6), aspect=16, head_dim=16),
                         budget_kind="tokens", budgets=[100_000, 200_000])
