@@ -135,3 +135,32 @@ def test_the_lr_transfer_study_has_the_rule_off_and_on_at_every_lr():
     assert {w for w, _, _ in got} == {0, 16}
     assert {d for _, _, d in got} == {16, 32, 64}  # 4x in width
     assert len(got) == len(members)
+
+
+def test_under_muon_the_rule_changes_nothing():
+    """Muon's update is already normalised by the matrix's shape, and with
+    train.optimizer=muon AdamW trains no hidden matrix: the rule leaves every update of two
+    steps bitwise as it was, where under AdamW the same rule changes them."""
+    from transformer.config import fields
+    if "muon" not in getattr(fields, "OPTIMIZERS", ()):
+        pytest.skip("train.optimizer=muon is not on this branch (branch optim)")
+    model = _model(64)
+    params = init_params(model, jax.random.key(0))
+    grads = jax.tree.map(lambda x: 0.01 + 1e-3 * jnp.arange(x.size, dtype=x.dtype).reshape(
+        x.shape) / x.size, params)  # not constant: Muon's orthogonalisation must see a matrix
+
+    def updates(name, lr_base_width):
+        t = _train(optimizer=name, lr_base_width=lr_base_width, b1=0.9, b2=0.95)
+        opt = optimizer.make_optimizer(t, model.d_model)
+        state, p, out = opt.init(params), params, []
+        for _ in range(2):
+            u, state = opt.update(grads, state, p)
+            p = jax.tree.map(jnp.add, p, u)
+            out += jax.tree.leaves(u)
+        return out
+
+    def same(a, b):
+        return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+
+    assert same(updates("muon", 0), updates("muon", 16))
+    assert not same(updates("adamw", 0), updates("adamw", 16))
