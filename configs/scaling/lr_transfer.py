@@ -8,15 +8,16 @@ Sizes: the tiny ladder's rule (d_model = 16 × n_layers, heads of 16, d_ff = 4 �
 n_layers 1, 2, 4: d_model 16, 32, 64 (4× in width). Byte-level, context 64, batch 8 (512
 tokens a step), 200K tokens each, cosine schedule with 20 warm-up steps, one evaluation at
 the end over 16 held-out batches. Grid: lr_base_width 0 (off) and 16 (the smallest width:
-its members are the same runs under both, bit for bit) × 8 learning rates, 2× apart; the
-report keeps each size's best lr per rule. 48 runs (docs/scaling.md ran the 31 that bracket
-each optimum; the others are marked there). Results and the reading: docs/scaling.md.
+its members are the same runs under both, bit for bit) × 10 learning rates (LRS); the
+report keeps each size's best lr per rule. 60 runs (docs/scaling.md ran all but the 9
+rule-on twins at d_model 16). Results and the reading: docs/scaling.md.
 """
 
 from transformer.config import base_config
 from transformer.scaling.sweep import grid, ladder, sweep_config
 
-LRS = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2, 1.28e-1]  # 2x apart: 128x in all
+# 2x apart over 128x, plus two √2-steps (0.0226, 0.0453) where the rule's optima fell.
+LRS = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 2.26e-2, 3.2e-2, 4.53e-2, 6.4e-2, 1.28e-1]
 
 
 def get_config():
