@@ -20,9 +20,12 @@ D tokens, and C the counted training FLOPs (head and attention included).
 
 Byte-level BPE with 1024 tokens, context 128, batch 8 (1,024 tokens a step: the largest
 model still gets ~95 steps at the smallest budget), cosine schedule with 20 warmup steps,
-one evaluation at the end over 32 held-out batches. 24 runs, 2.2e13 FLOPs in all: 13.5
-minutes with its report on 2 idle Zen 4 cores (docs/scaling.md); the smallest widths are
-bound by per-step overhead, not FLOPs.
+one evaluation at the end over 32 held-out batches. The width rule is on
+(train.lr_base_width=32, transformer/train/width_lr.py): lr 2e-3 is the rate at d_model 32,
+the hidden matrices of the others step at 2e-3 × 32 / d_model (8e-3 at d8, 6.7e-4 at d96).
+24 runs, 2.2e13 FLOPs in all: 13.5 minutes with its report on 2 idle Zen 4 cores (measured
+before the width rule, docs/scaling.md); the smallest widths are bound by per-step
+overhead, not FLOPs.
 """
 
 from transformer.config import base_config
@@ -46,5 +49,6 @@ def get_config():
     base.sample.max_new_tokens = 60
     base.data.update(tokenizer="bpe", bpe_vocab_size=1024, max_bytes=4_000_000)
     base.train.update(batch_size=8, lr=2e-3, warmup_steps=20, log_every=50,
-                      eval_every=1_000_000, eval_batches=32, ckpt_every=1000)
+                      eval_every=1_000_000, eval_batches=32, ckpt_every=1000,
+                      lr_base_width=32)
     return sweep_config(base, sizes(), budget_kind="flops", budgets=[2e11, 6e11, 2e12])

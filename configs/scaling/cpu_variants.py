@@ -3,12 +3,13 @@
     python -m transformer scaling --sweep=configs/scaling/cpu_variants.py --workdir=runs/variants
 
 Two variants, each trained at every size of the CPU ladder (cpu_ladder.py: d_model =
-32 × n_layers, n_layers 1..5, 1.5M tokens each): `gpt2` (learned positions, LayerNorm, GELU
-MLP: the defaults) and `modern` (RoPE, RMSNorm, SwiGLU). The report fits L(N) per variant
-and draws both on loss_vs_params.png: whether the modern block's advantage grows or shrinks
-with size is the gap between the two curves (the report's gap table: size by size, paired).
-10 runs, 37 minutes measured on 2 shared cores under contention (load average 5-9); idle
-not measured. Results: docs/scaling.md.
+32 × n_layers, n_layers 1..5, 1.5M tokens each, the width rule at lr_base_width=96):
+`gpt2` (learned positions, LayerNorm, GELU MLP: the defaults) and `modern` (RoPE, RMSNorm,
+SwiGLU). The report fits L(N) per variant and draws both on loss_vs_params.png: whether
+the modern block's advantage grows or shrinks with size is the gap between the two curves
+(the report's gap table: size by size, paired). 10 runs, 37 minutes measured on 2 shared
+cores under contention (load average 5-9); idle not measured. Results (measured before the
+width rule: add --sweep.base.train.lr_base_width=0 to reproduce them): docs/scaling.md.
 """
 
 from transformer.config import base_config
@@ -21,7 +22,7 @@ def get_config():
     base.sample.max_new_tokens = 100
     base.data.update(tokenizer="bpe", bpe_vocab_size=1024, max_bytes=4_000_000)
     base.train.update(batch_size=16, lr=2e-3, warmup_steps=50, log_every=50, eval_every=250,
-                      eval_batches=8, ckpt_every=250)
+                      eval_batches=8, ckpt_every=250, lr_base_width=96)
     variants = [{"name": "gpt2"},
                 {"name": "modern", "model.position": "rope", "model.norm": "rmsnorm",
                  "model.mlp": "swiglu"}]

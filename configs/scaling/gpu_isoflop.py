@@ -5,7 +5,7 @@ training FLOPs per token).
     python -m transformer scaling --sweep=configs/scaling/gpu_isoflop.py --workdir=runs/isoflop
 
 15 runs; the report fits L(N, D) over all of them. Same rule and the same prepared folder
-(data.corpus) as gpu_ladder.py.
+(data.corpus) and the same width rule (lr 6e-4 at d_model 768) as gpu_ladder.py.
 """
 
 from transformer.config import base_config
@@ -25,6 +25,6 @@ def get_config():
     # is the run's; every member reads the same folder, none tokenizes anything.
     base.data.update(corpus=CORPUS, tokenizer="bpe", bpe_vocab_size=32768)
     base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
-                      eval_every=1000, eval_batches=20, ckpt_every=1000)
+                      eval_every=1000, eval_batches=20, ckpt_every=1000, lr_base_width=768)
     return sweep_config(base, ladder([6, 8, 12, 16, 20], aspect=64, head_dim=64),
                         budget_kind="flops", budgets=[1e17, 3e17, 1e18])

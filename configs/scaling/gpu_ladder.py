@@ -9,6 +9,9 @@ per non-embedding parameter (Hoffmann et al. 2022): 0.2B tokens for the smallest
 the largest. GPT-2-sized BPE (32K tokens), context 1024, bfloat16 compute, scanned layers.
 data.corpus names a prepared folder (CORPUS below; make it once with
 `python -m transformer prepare`, docs/data.md); another one with --sweep.base.data.corpus=DIR.
+The width rule is on (train.lr_base_width=768, transformer/train/width_lr.py): lr 6e-4 is
+GPT-3 Small's at d_model 768 (Brown et al. 2020, Table 2.1), and the hidden matrices of the
+other sizes step at 6e-4 × 768 / d_model (1.2e-3 at d384, 2.6e-4 at d1792).
 FineWeb's 10B-token sample is read about 2.2 times by the largest member (22B tokens): its
 start-up summary says how many epochs it makes.
 """
@@ -30,6 +33,6 @@ def get_config():
     # is the run's; every member reads the same folder, none tokenizes anything.
     base.data.update(corpus=CORPUS, tokenizer="bpe", bpe_vocab_size=32768)
     base.train.update(batch_size=256, lr=6e-4, warmup_steps=500, log_every=100,
-                      eval_every=1000, eval_batches=20, ckpt_every=1000)
+                      eval_every=1000, eval_batches=20, ckpt_every=1000, lr_base_width=768)
     return sweep_config(base, ladder([6, 8, 12, 16, 20, 24, 28], aspect=64, head_dim=64),
                         budget_kind="chinchilla", budgets=[20])

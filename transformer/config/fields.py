@@ -203,6 +203,10 @@ _TRAIN = [
     _f("train.batch_size", 16, "sequences per step", CHANGE, check=_positive),
     _f("train.lr", 1e-3, "peak learning rate", CHANGE,
        check=lambda v: None if v > 0 else "must be positive"),
+    # μP's width rule (train/width_lr.py): hidden matrices at lr·w/d_model, the rest at lr.
+    _f("train.lr_base_width", 0, "0: every parameter at train.lr | w: the blocks' hidden "
+       "matrices at train.lr * w / d_model (muP for AdamW: lr tuned at width w transfers)",
+       CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),
     _f("train.schedule", "cosine", "learning-rate schedule after warm-up (optimizer.py)", CHANGE,
        SCHEDULES),

@@ -1,6 +1,6 @@
 """The optimizer: AdamW, which parameters it decays, and the learning-rate schedule.
 
-    optimizer = make_optimizer(config.train)     # an optax.GradientTransformation
+    optimizer = make_optimizer(config.train, d_model)  # an optax.GradientTransformation
     decay_mask(params)                            # {path: True where weight decay applies}
     learning_rate(config.train)(step)             # the schedule, a function of the step
 
@@ -21,6 +21,9 @@ Schedules (`train.schedule`), each after a linear warmup over `train.warmup_step
               `train.decay_shape`:
               linear 1-p, cosine (1+cos πp)/2, sqrt 1-√p (p: progress through the decay)
     constant  lr after warmup, no decay
+`train.lr_base_width = w` (0: off) trains the blocks' hidden matrices at lr·w/d_model and
+the rest at lr: μP's width rule for AdamW, so an lr tuned at width w transfers (width_lr.py).
+
 WSD lets one run be cut anywhere and cooled down (Hägele et al. 2024), which is what makes
 its loss at several budgets comparable to separately scheduled cosine runs.
 """
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer.config.fields import DECAY_SHAPES, SCHEDULES  # noqa: F401 - the choices live there
+from transformer.train import width_lr
 
 DECAYED = ("kernel", "embedding", "pos_embed")
 NOT_DECAYED = ("scale", "bias")
@@ -93,10 +97,15 @@ def learning_rate(t):
     return schedule
 
 
-def make_optimizer(t) -> optax.GradientTransformation:
-    """AdamW with `learning_rate(t)`, weight decay by role, clipping by global norm."""
+def make_optimizer(t, d_model: int = 0) -> optax.GradientTransformation:
+    """AdamW with `learning_rate(t)`, weight decay by role, clipping by global norm; with
+    `train.lr_base_width` its hidden matrices at lr·lr_base_width/d_model (width_lr.py)."""
     adamw = optax.adamw(learning_rate(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
                         mask=decay_mask)
+    if t.lr_base_width:
+        if d_model <= 0:
+            raise ValueError("train.lr_base_width needs the model's d_model")
+        adamw = width_lr.scale_hidden_matrices(adamw, width_lr.multiplier(t, d_model))
     if t.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw)
     return adamw

@@ -54,7 +54,7 @@ class Trainer:
         """Compiles for `mesh` (default: the one config.mesh describes over every device).
         Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
         model_config = ModelConfig.from_config(config)
-        optimizer = make_optimizer(config.train)
+        optimizer = make_optimizer(config.train, config.model.d_model)
         mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
         sharding.check_fits(config, mesh)
         rules = sharding.axis_rules(config)
