@@ -115,8 +115,10 @@ class Loop:
         if evaluating or saving:
             reporter.flush()  # about to sync anyway
         if evaluating:
+            final = done == t.steps  # the run's last number: over the whole split by default
             with reporter.meter.paused():  # evaluation time is not training throughput
-                val_loss = evaluate(self.trainer, state.params, self.source, t.seed)
+                val_loss = evaluate(self.trainer, state.params, self.source, t.seed,
+                                    t.final_eval_batches if final else t.eval_batches)
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
                                    val_loss=val_loss, val_bpb=val_bpb)
