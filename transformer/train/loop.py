@@ -18,6 +18,7 @@ saves that step together and raises the same `Stopped`.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -80,6 +81,7 @@ class Loop:
     hooks: TestHooks
     bar: Progress
     tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
+    eval_seconds: float = 0.0        # spent evaluating so far (the end-of-run line says it)
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
@@ -116,9 +118,11 @@ class Loop:
             reporter.flush()  # about to sync anyway
         if evaluating:
             final = done == t.steps  # the run's last number: over the whole split by default
+            began = time.perf_counter()
             with reporter.meter.paused():  # evaluation time is not training throughput
                 val_loss = evaluate(self.trainer, state.params, self.source, t.seed,
                                     t.final_eval_batches if final else t.eval_batches)
+            self.eval_seconds += time.perf_counter() - began
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
                                    val_loss=val_loss, val_bpb=val_bpb)
