@@ -328,3 +328,22 @@ def test_muon_and_adamw_each_follow_the_schedule_from_their_own_peak():
     np.testing.assert_allclose(b1, -0.25, rtol=1e-5)  # AdamW, b1=b2=0: -lr/warmup
     np.testing.assert_allclose(m2, 0.3 * m1, rtol=1e-5)
     np.testing.assert_allclose(b2, 0.02 * b1, rtol=1e-5)
+
+
+def test_fewer_newton_schulz_steps_orthogonalise_less():
+    """train.muon_ns_steps reaches optax: with 1 step the update of a matrix is far from
+    orthogonal, with 5 its singular values are all near 1 (0.5-1.5 by design of the
+    coefficients), times lr."""
+    params = {"block_0": {"mlp": {"project": {"kernel": jnp.zeros((16, 16))}}}}
+    grads = {"block_0": {"mlp": {"project": {"kernel": jax.random.normal(jax.random.key(1),
+                                                                          (16, 16))}}}}
+
+    def singular_values(steps):
+        t = _muon_config(muon_lr=1.0, muon_ns_steps=steps)
+        (u,) = _updates(optimizer.make_optimizer(t), params, [grads])
+        return np.linalg.svd(np.asarray(u["block_0"]["mlp"]["project"]["kernel"]),
+                             compute_uv=False)
+
+    five, one = singular_values(5), singular_values(1)
+    assert five.min() > 0.5 and five.max() < 1.5
+    assert one.min() < 0.3 * five.min()

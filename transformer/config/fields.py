@@ -171,6 +171,10 @@ _TRAIN = [
        check=lambda v: None if v > 0 else "must be positive"),
     _f("train.muon_momentum", 0.95, "optimizer=muon: Muon's Nesterov momentum", CHANGE,
        check=_in(0.0, 1.0, text="must be in [0, 1)")),
+    # Each Newton-Schulz step is 3 matmuls per matrix: at 2K tokens a step, 5 of them cost
+    # about a quarter of the model's own FLOPs (docs/speedrun.md).
+    _f("train.muon_ns_steps", 5, "optimizer=muon: Newton-Schulz iterations per update", CHANGE,
+       check=_positive),
     _f("train.muon_weight_decay", 0.0, "optimizer=muon: decoupled decay of the hidden matrices "
        "(times the Muon lr)", CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),

@@ -9,7 +9,7 @@ learning-rate schedule.
 `train.optimizer`:
     adamw     AdamW at `train.lr` for every parameter
     muon      Muon (optax.contrib.scale_by_muon: Nesterov momentum `train.muon_momentum`, then
-              5 Newton-Schulz steps that orthogonalise it) at `train.muon_lr` for the hidden
+              `train.muon_ns_steps` Newton-Schulz steps that orthogonalise it) at `train.muon_lr` for the hidden
               matrices of the blocks (attention's query/key/value/out, the MLP's kernels);
               AdamW at `train.lr` (with the same betas, decay and masks as above) for
               everything else: the token embedding, the position table, the untied head, norm
@@ -167,7 +167,8 @@ def _muon(t) -> optax.GradientTransformation:
         return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), updates)
 
     return optax.chain(
-        scale_by_muon(beta=t.muon_momentum, nesterov=True, weight_dimension_numbers=dims),
+        scale_by_muon(beta=t.muon_momentum, nesterov=True, ns_steps=t.muon_ns_steps,
+                      weight_dimension_numbers=dims),
         _scale_by_width(dims),
         optax.add_decayed_weights(t.muon_weight_decay),
         optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
