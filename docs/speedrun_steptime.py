@@ -8,8 +8,10 @@ Each variant is `configs/default.py` (or --config) plus its `--config.a.b=value`
 All are compiled first; then each round times `--steps` train steps of every variant in
 turn (the same real batches a run would read, state donated as in training), so a machine
 whose load drifts slows every variant alike within a round. Prints each variant's median
-seconds per step over the rounds and its ratio to the first variant: a clock cost to carry
-from a loaded machine to a quiet one, where absolute timings are not.
+seconds per step over the rounds (wall clock, and the process's CPU time, which other
+processes' load disturbs less) and its ratio to the first variant: a clock cost to carry
+from a loaded machine to a quiet one, where absolute timings are not. `--steps=1` with many
+rounds interleaves the variants step by step.
 """
 
 import argparse
@@ -69,19 +71,23 @@ def main():
         state, metrics = trainer.step_fn(state, batches[0])  # compile
         jax.block_until_ready(metrics)
         runs.append({"name": name, "trainer": trainer, "state": state, "batches": batches,
-                     "times": [], "tokens": config.train.batch_size * config.model.max_seq_len})
+                     "times": [], "cpu": [], "tokens": config.train.batch_size * config.model.max_seq_len})
     for _ in range(args.rounds):
         for r in runs:
-            begin = time.perf_counter()
+            begin, cpu = time.perf_counter(), time.process_time()
             for batch in r["batches"]:
                 r["state"], metrics = r["trainer"].step_fn(r["state"], batch)
             jax.block_until_ready((r["state"], metrics))
             r["times"].append((time.perf_counter() - begin) / args.steps)
+            r["cpu"].append((time.process_time() - cpu) / args.steps)
     base = statistics.median(runs[0]["times"])
+    base_cpu = statistics.median(runs[0]["cpu"])
     for r in runs:
-        s = statistics.median(r["times"])
+        s, c = statistics.median(r["times"]), statistics.median(r["cpu"])
         print(f"{r['name']:>20s}  {s * 1000:7.1f} ms/step  {r['tokens'] / s:8.0f} tokens/s  "
-              f"x{s / base:.3f}  (rounds: {', '.join(f'{t * 1000:.1f}' for t in r['times'])})")
+              f"x{s / base:.3f}  | CPU {c * 1000:7.1f} ms/step x{c / base_cpu:.3f}  (wall "
+              f"rounds: {', '.join(f'{t * 1000:.0f}' for t in r['times'][:8])}"
+              f"{' ...' if len(r['times']) > 8 else ''})")
 
 
 if __name__ == "__main__":
