@@ -27,7 +27,10 @@ from transformer.parallel import sharding
 from transformer.train.trainer import Trainer
 
 SHAPES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
-DECODE_SHAPES = [(2, 2, 2), (1, 2, 4)]  # each decode compile costs seconds: two meshes suffice
+DECODE_SHAPES = [(2, 2, 2), (1, 2, 4)]
+# Muon orthogonalises whole matrices whose rows or columns the mesh splits: fsdp splits the
+# embed axis of every kernel, tensor the heads of q/k/v/out and the MLP width.
+MUON_SHAPES = [(1, 8, 1), (1, 2, 4)]  # each decode compile costs seconds: two meshes suffice
 STEPS = 3
 PROMPTS = [[5, 6, 7], [9], [1, 2, 3, 4, 5], [8, 8]]
 
@@ -40,8 +43,9 @@ MODERN = dict(position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=F
               logit_softcap=5.0, tie_embeddings=False, n_kv_heads=2, vocab_used=61)
 
 
-def tiny_config(shape=(1, 1, 1), model=None, z_loss=0.0):
+def tiny_config(shape=(1, 1, 1), model=None, z_loss=0.0, optimizer="adamw"):
     c = base_config()
+    c.train.optimizer = optimizer
     c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
                    matmul="plain")  # float32 throughout: sharded must equal unsharded to 1e-5
     c.model.update(**(model or {}))
@@ -134,6 +138,16 @@ def main(out_path):
             report["meshes"][str(shape)]["decode_same"] = (
                 greedy(trainer, state.params, PROMPTS, trainer.mesh) == ref_tokens)
         kept[shape] = (trainer, state)
+    # Muon (train.optimizer=muon) on one device and on meshes that split its matrices.
+    _, muon_ref, muon_ref_losses, _ = run((1, 1, 1), devices[:1], optimizer="muon")
+    report["muon"] = {"moved": max_diff(muon_ref.params, ref_state.params)}
+    for shape in MUON_SHAPES:
+        trainer, state, losses, _ = run(shape, devices, optimizer="muon")
+        report["muon"][str(shape)] = {
+            "loss_diff": max(abs(a - b) for a, b in zip(losses, muon_ref_losses)),
+            "param_diff": max_diff(state.params, muon_ref.params),
+            "opt_diff": max_diff(state.opt_state, muon_ref.opt_state),
+            "misplaced": split_as_ruled(trainer, state.params)}
     # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
     trainer, state = kept[(2, 2, 2)]
     report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one

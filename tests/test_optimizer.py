@@ -199,3 +199,151 @@ def test_the_bench_peer_decays_the_same_tensors_as_we_do():
         for group in peer.opt.param_groups:
             theirs[group["weight_decay"] > 0] += sum(p.numel() for p in group["params"])
         assert theirs == ours, (tied, theirs, ours)
+
+
+# Muon (train.optimizer=muon): which parameters it trains, how it sees per-head kernels as
+# matrices, and the stacked layer axis of scan_layers.
+
+def _muon_config(**changes):
+    return _train_config(**{"optimizer": "muon", "muon_lr": 0.05, "lr": 0.01,
+                            "weight_decay": 0.0, "schedule": "constant", **changes})
+
+
+def _random_like(params, seed):
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+    return jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape, x.dtype), params)
+
+
+def _updates(opt, params, grads_seq):
+    state, out = opt.init(params), []
+    for grads in grads_seq:
+        updates, state = opt.update(grads, state, params)
+        out.append(updates)
+    return out
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_muon_trains_the_blocks_matrices_and_adamw_the_rest(scan_layers):
+    """Muon gets exactly the blocks' attention and MLP kernels; the untied head's kernel is
+    2-D too and stays with AdamW, as do embeddings, the position table, norms and biases."""
+    params = init_params(_model(scan_layers), jax.random.key(0))
+    dims = _leaf_names(jax.tree.map(lambda d: d is not None, optimizer.muon_dimensions(params),
+                                    is_leaf=lambda x: x is None or
+                                    isinstance(x, optax.contrib.MuonDimensionNumbers)))
+    muon = {p for p, is_muon in dims.items() if is_muon}
+    expected = {p for p in _leaf_names(params) if p.endswith("['kernel']")
+                and ("['attn']" in p or "['mlp']" in p)}
+    assert muon == expected and len(muon) == (6 if scan_layers else 12)
+    assert "['head']['kernel']" not in muon
+
+
+def _as_matrix(name, x):
+    """The 2-D matrix each kernel applies, written out here independently of optimizer.py:
+    q/k/v [D, H, K] -> D x (H*K); out [H, K, D] -> (H*K) x D; MLP kernels as they are."""
+    if name in ("query", "key", "value"):
+        return x.reshape(x.shape[0], -1)
+    if name == "out":
+        return x.reshape(-1, x.shape[-1])
+    return x
+
+
+def test_a_per_head_kernel_gets_muons_update_of_its_2d_matrix():
+    """Three steps of our Muon on the model's [D, H, K] and [H, K, D] kernels equal optax's
+    plain 2-D Muon (optax.contrib.muon, its default matrix rule) on the reshaped matrices,
+    update for update. (One Muon over each head alone, or over [D·H, K], would differ.)"""
+    params = init_params(_model(False), jax.random.key(0))
+    block = params["block_0"]
+    names = {"query": block["attn"]["query"]["kernel"], "key": block["attn"]["key"]["kernel"],
+             "value": block["attn"]["value"]["kernel"], "out": block["attn"]["out"]["kernel"],
+             "expand": block["mlp"]["expand"]["kernel"],
+             "project": block["mlp"]["project"]["kernel"]}
+    assert names["query"].ndim == 3 and names["out"].ndim == 3
+    grads_seq = [_random_like(params, s) for s in range(3)]
+    ours = _updates(optimizer.make_optimizer(_muon_config()), params, grads_seq)
+
+    def kernel(tree, name):
+        module = "attn" if name in ("query", "key", "value", "out") else "mlp"
+        return tree["block_0"][module][name]["kernel"]
+
+    flat = {n: _as_matrix(n, x) for n, x in names.items()}
+    reference = optax.contrib.muon(learning_rate=0.05, beta=0.95, nesterov=True)
+    theirs = _updates(reference, flat, [{n: _as_matrix(n, kernel(g, n)) for n in names}
+                                        for g in grads_seq])
+    for step in range(3):
+        for n in names:
+            got = _as_matrix(n, kernel(ours[step], n))
+            np.testing.assert_allclose(got, theirs[step][n], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{n}, step {step}")
+    # The rule matters: Muon of the query kernel head by head is another update.
+    per_head = optax.contrib.muon(learning_rate=0.05)
+    q = names["query"]
+    u, _ = per_head.update({"h0": kernel(grads_seq[0], "query")[:, 0]},
+                           per_head.init({"h0": q[:, 0]}), {"h0": q[:, 0]})
+    assert not np.allclose(u["h0"], kernel(ours[0], "query")[:, 0], rtol=1e-3)
+
+
+def test_with_scanned_layers_each_layer_is_its_own_matrix():
+    """The stacked [L, ...] kernels of model.scan_layers get, layer by layer, the updates the
+    unrolled stack's kernels get: the layer axis is a batch axis, not a matrix dimension."""
+    unrolled = init_params(_model(False), jax.random.key(0))
+    scanned = init_params(_model(True), jax.random.key(0))
+
+    def stack(tree):  # the unrolled tree in the scanned layout
+        out = {k: v for k, v in tree.items() if not k.startswith("block_")}
+        out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), tree["block_0"], tree["block_1"])
+        return out
+
+    assert jax.tree.structure(stack(unrolled)) == jax.tree.structure(scanned)
+    grads_seq = [_random_like(unrolled, s) for s in range(3)]
+    opt = optimizer.make_optimizer(_muon_config())
+    ours = _updates(opt, unrolled, grads_seq)
+    stacked = _updates(opt, stack(unrolled), [stack(g) for g in grads_seq])
+    for a, b in zip(ours, stacked):
+        for x, y in zip(jax.tree.leaves(stack(a)), jax.tree.leaves(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    # Orthogonalising the [L·D, H·K] stack as one matrix would not give these updates.
+    joint = optax.contrib.muon(learning_rate=0.05)
+    q = stack(unrolled)["blocks"]["attn"]["query"]["kernel"]
+    g = stack(grads_seq[0])["blocks"]["attn"]["query"]["kernel"].reshape(-1, q[0, 0].size)
+    u, _ = joint.update({"q": g}, joint.init({"q": g}), {"q": g})
+    assert not np.allclose(u["q"].reshape(q.shape), stacked[0]["blocks"]["attn"]["query"]["kernel"],
+                           rtol=1e-3)
+
+
+def test_muon_and_adamw_each_follow_the_schedule_from_their_own_peak():
+    """The first update of a matrix and of a bias under warm-up: muon_lr / warmup and
+    lr / warmup times what each rule gives at a unit peak."""
+    params = {"block_0": {"attn": {"out": {"kernel": jnp.eye(4).reshape(2, 2, 4)}},
+                          "mlp": {"project": {"bias": jnp.zeros(4)}}}}
+    grads = jax.tree.map(jnp.ones_like, params)
+
+    def first(**changes):
+        t = _muon_config(warmup_steps=4, b1=0.0, b2=0.0, **changes)
+        (u,) = _updates(optimizer.make_optimizer(t), params, [grads])
+        return (np.asarray(u["block_0"]["attn"]["out"]["kernel"]),
+                np.asarray(u["block_0"]["mlp"]["project"]["bias"]))
+
+    m1, b1 = first(muon_lr=1.0, lr=1.0)
+    m2, b2 = first(muon_lr=0.3, lr=0.02)
+    np.testing.assert_allclose(b1, -0.25, rtol=1e-5)  # AdamW, b1=b2=0: -lr/warmup
+    np.testing.assert_allclose(m2, 0.3 * m1, rtol=1e-5)
+    np.testing.assert_allclose(b2, 0.02 * b1, rtol=1e-5)
+
+
+def test_fewer_newton_schulz_steps_orthogonalise_less():
+    """train.muon_ns_steps reaches optax: with 1 step the update of a matrix is far from
+    orthogonal, with 5 its singular values are all near 1 (0.5-1.5 by design of the
+    coefficients), times lr."""
+    params = {"block_0": {"mlp": {"project": {"kernel": jnp.zeros((16, 16))}}}}
+    grads = {"block_0": {"mlp": {"project": {"kernel": jax.random.normal(jax.random.key(1),
+                                                                          (16, 16))}}}}
+
+    def singular_values(steps):
+        t = _muon_config(muon_lr=1.0, muon_ns_steps=steps)
+        (u,) = _updates(optimizer.make_optimizer(t), params, [grads])
+        return np.linalg.svd(np.asarray(u["block_0"]["mlp"]["project"]["kernel"]),
+                             compute_uv=False)
+
+    five, one = singular_values(5), singular_values(1)
+    assert five.min() > 0.5 and five.max() < 1.5
+    assert one.min() < 0.3 * five.min()

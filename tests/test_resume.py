@@ -190,6 +190,29 @@ def test_sigterm_saves_the_current_step_and_resume_is_exact(corpus, baseline, tm
     assert_bitwise_equal(workdir, baseline[1])
 
 
+def test_a_muon_run_stopped_by_sigterm_resumes_bit_exact(corpus, baseline, tmp_path):
+    """train.optimizer=muon: the partitioned state (Muon's momentum for the matrices, AdamW's
+    moments for the rest, their counts) saves and restores so that the resumed run ends in
+    the uninterrupted run's params and state, bit for bit."""
+    muon = ["--config.train.optimizer=muon", "--config.train.muon_lr=0.03"]
+    out = run(train_args(corpus, tmp_path / "full", extra=muon))
+    assert out.returncode == 0, out.stderr
+    reference = final_state(tmp_path / "full")
+    workdir = tmp_path / "run"
+    proc = start(train_args(corpus, workdir, ckpt_every=1000, extra=muon), step_delay=0.05)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists(), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    stopped_at = int(stderr.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert 4 <= stopped_at < STEPS
+    out = run(train_args(corpus, workdir, extra=muon))
+    assert out.returncode == 0, out.stderr
+    assert f"resuming from step {stopped_at}" in out.stdout
+    assert_bitwise_equal(workdir, reference)
+    assert len(reference[1]) != len(baseline[1][1])  # another state: Muon really ran
+
+
 def test_damaged_latest_checkpoint_falls_back_with_a_warning(baseline, corpus, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(baseline[0], workdir)

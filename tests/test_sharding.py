@@ -126,7 +126,7 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
 
 def test_sharded_meshes_match_one_device(tmp_path):
     """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
-    greedy tokens as one device; parameters split as the rules say; a (2,2,2) checkpoint
+    greedy tokens as one device (with train.optimizer=muon too, on (1,8,1) and (1,2,4)); parameters split as the rules say; a (2,2,2) checkpoint
     restores exactly onto one device and onto (1,2,4); the decode program never moves the KV
     cache between devices (batches of 1, 4 and 8 rows)."""
     out = tmp_path / "report.json"
@@ -142,6 +142,14 @@ def test_sharded_meshes_match_one_device(tmp_path):
         assert r["misplaced"] == [], shape
         assert r.get("decode_same", True), shape
     assert sum("decode_same" in r for r in report["meshes"].values()) >= 2
+    # Muon: sharded matrices get the one-device update; and it is not AdamW's.
+    muon = report["muon"]
+    assert set(muon) == {"moved", "(1, 8, 1)", "(1, 2, 4)"}
+    assert muon["moved"] > 1e-3
+    for shape in ("(1, 8, 1)", "(1, 2, 4)"):
+        assert muon[shape]["loss_diff"] <= 1e-5, shape
+        assert muon[shape]["param_diff"] <= 1e-5 and muon[shape]["opt_diff"] <= 1e-5, shape
+        assert muon[shape]["misplaced"] == [], shape
     assert report["decode_one_same"]
     # The KV cache lives where decoding reads and writes it: no step moves it between devices.
     assert len(report["cache_moves"]) == 6

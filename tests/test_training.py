@@ -192,3 +192,31 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
     for bad in ("5:3", "0:2", "3", "a:b", "5:20"):  # 5:20 ends after the run's 8 steps
         with pytest.raises(config_lib.ConfigError, match="^train.profile="):
             config_lib.validate(config_lib.replace(c, **{"train.profile": bad}))
+
+
+def test_the_final_evaluation_covers_every_validation_window_once(tmp_path):
+    """evaluate(..., batches=0), what the last step reports by default (train.final_eval_batches
+    = 0): the mean loss over every window of the validation split, here computed window by
+    window in file order, with a batch size that does not divide the window count (the last
+    batch's rows past the split's end, which wrap into a second epoch, count nothing)."""
+    from transformer import data
+    from transformer.train.step import loss_fn
+    from transformer.train.trainer import Trainer, evaluate, val_windows
+    c = _config("stdlib", 1)
+    c.model.vocab_size = 257  # the bytes and the end-of-text token
+    c.data.update(tokenizer="byte", max_bytes=150_000)
+    _, source = data.load(c)
+    n = val_windows(source)
+    c.train.batch_size = next(b for b in (7, 6, 5) if n % b)
+    trainer = Trainer.build(c)
+    params = trainer.init(0).params
+    T = c.model.max_seq_len
+    windows = np.stack([source.shards["val"][s].read((w - source.starts["val"][s]) * T, T + 1)
+                        for w in range(n)
+                        for s in [int(np.searchsorted(source.starts["val"], w, "right") - 1)]]
+                       ).astype(np.int32)
+    whole = {"inputs": windows[:, :-1], "targets": windows[:, 1:],
+             "weights": np.ones((n, T), np.float32)}
+    by_hand = float(jax.jit(lambda p, b: loss_fn(p, b, trainer.model_config))(params, whole))
+    assert evaluate(trainer, params, source, 0, 0) == pytest.approx(by_hand, rel=1e-5)
+    assert evaluate(trainer, params, source, 0, 2) != pytest.approx(by_hand, rel=1e-5)

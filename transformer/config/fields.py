@@ -40,6 +40,7 @@ FLOAT32_MATMULS = ("plain", "fast_f32")
 MATMUL = ("auto", *MATMUL_MODES)
 TOKENIZERS = ("byte", "char", "bpe")
 SYNTHETIC_CORPORA = ("copy", "random")
+OPTIMIZERS = ("adamw", "muon")  # train.optimizer (optimizer.py)
 SCHEDULES = ("cosine", "wsd", "constant")  # learning-rate schedules (optimizer.py)
 WANDB_MODES = ("off", "online", "offline")  # train.wandb (train/trackers.py)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # how wsd's decay phase falls  # data.corpus values that are generated, not read
@@ -201,12 +202,27 @@ _TRAIN = [
     _f("train.seed", 0, "seed of the initialisation and the batch order", CHANGE),
     _f("train.steps", 1000, "optimizer steps in all", CHANGE, check=_positive),
     _f("train.batch_size", 16, "sequences per step", CHANGE, check=_positive),
-    _f("train.lr", 1e-3, "peak learning rate", CHANGE,
+    # Another optimizer has another state: a checkpoint's cannot continue under it.
+    _f("train.optimizer", "adamw", "adamw: AdamW for every parameter | muon: Muon for the "
+       "blocks' hidden matrices, AdamW for embeddings, head, norms, biases (optimizer.py)",
+       FIXED, OPTIMIZERS),
+    _f("train.lr", 1e-3, "peak learning rate of AdamW (with optimizer=muon: of the parameters "
+       "AdamW trains)", CHANGE, check=lambda v: None if v > 0 else "must be positive"),
+    _f("train.muon_lr", 0.02, "optimizer=muon: peak learning rate of the hidden matrices "
+       "(same schedule shape as train.lr)", CHANGE,
        check=lambda v: None if v > 0 else "must be positive"),
     # μP's width rule (train/width_lr.py): hidden matrices at lr·w/d_model, the rest at lr.
     _f("train.lr_base_width", 0, "0: every parameter at train.lr | w: the blocks' hidden "
        "matrices at train.lr * w / d_model (muP for AdamW: lr tuned at width w transfers)",
        CHANGE, check=_non_negative),
+    _f("train.muon_momentum", 0.95, "optimizer=muon: Muon's Nesterov momentum", CHANGE,
+       check=_in(0.0, 1.0, text="must be in [0, 1)")),
+    # Each Newton-Schulz step is 3 matmuls per matrix: at 2K tokens a step, 5 of them cost
+    # about a quarter of the model's own FLOPs (docs/speedrun.md).
+    _f("train.muon_ns_steps", 5, "optimizer=muon: Newton-Schulz iterations per update", CHANGE,
+       check=_positive),
+    _f("train.muon_weight_decay", 0.0, "optimizer=muon: decoupled decay of the hidden matrices "
+       "(times the Muon lr)", CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),
     _f("train.schedule", "cosine", "learning-rate schedule after warm-up (optimizer.py)", CHANGE,
        SCHEDULES),
@@ -229,6 +245,8 @@ _TRAIN = [
     _f("train.log_every", 10, "steps between metrics lines", FREE, check=_positive),
     _f("train.eval_every", 200, "steps between validation losses", FREE, check=_positive),
     _f("train.eval_batches", 8, "batches per validation loss", FREE, check=_positive),
+    _f("train.final_eval_batches", 0, "batches of the validation loss after the last step; "
+       "0: the whole validation split, every window once", FREE, check=_non_negative),
     _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
     _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
     _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),

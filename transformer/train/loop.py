@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -85,6 +86,7 @@ class Loop:
     bar: Progress
     tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
     trace: StepTrace = NO_TRACE      # train.profile's jax.profiler trace
+    eval_seconds: float = 0.0        # spent evaluating so far (the end-of-run line says it)
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
@@ -122,8 +124,12 @@ class Loop:
         if evaluating or saving:
             reporter.flush()  # about to sync anyway
         if evaluating:
+            final = done == t.steps  # the run's last number: over the whole split by default
+            began = time.perf_counter()
             with reporter.meter.paused():  # evaluation time is not training throughput
-                val_loss = evaluate(self.trainer, state.params, self.source, t.seed)
+                val_loss = evaluate(self.trainer, state.params, self.source, t.seed,
+                                    t.final_eval_batches if final else t.eval_batches)
+            self.eval_seconds += time.perf_counter() - began
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
                                    val_loss=val_loss, val_bpb=val_bpb)

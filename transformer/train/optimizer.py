@@ -1,8 +1,32 @@
-"""The optimizer: AdamW, which parameters it decays, and the learning-rate schedule.
+"""The optimizer: AdamW or Muon, which parameters get which, what is decayed, and the
+learning-rate schedule.
 
     optimizer = make_optimizer(config.train, d_model)  # an optax.GradientTransformation
     decay_mask(params)                            # {path: True where weight decay applies}
+    muon_dimensions(params)                       # {path: how Muon sees it as a matrix | None}
     learning_rate(config.train)(step)             # the schedule, a function of the step
+
+`train.optimizer`:
+    adamw     AdamW at `train.lr` for every parameter
+    muon      Muon (optax.contrib.scale_by_muon: Nesterov momentum `train.muon_momentum`, then
+              `train.muon_ns_steps` Newton-Schulz steps that orthogonalise it) at `train.muon_lr` for the hidden
+              matrices of the blocks (attention's query/key/value/out, the MLP's kernels);
+              AdamW at `train.lr` (with the same betas, decay and masks as above) for
+              everything else: the token embedding, the position table, the untied head, norm
+              scales and biases. Both groups follow the same schedule shape, each from its
+              own peak. As in Keller Jordan's Muon, an orthogonalised update is scaled by
+              sqrt(max(1, fan_out / fan_in)), and Muon's matrices are decayed by
+              `train.muon_weight_decay` (decoupled, times the Muon lr).
+
+Muon orthogonalises a matrix, and attention's kernels are per-head 3-D arrays. The rule
+(`muon_dimensions`) takes the matrix each kernel applies to the residual stream:
+    query / key / value  [D, H, K]  ->  D x (H·K)    (fan in D, fan out H·K)
+    out                  [H, K, D]  ->  (H·K) x D    (fan in H·K, fan out D)
+    mlp kernels          [D, F], [F, D]  as they are
+so a per-head kernel gets exactly the update Muon gives its 2-D reshape (one matrix for all
+heads, not one per head). Axes are counted from the end, so with `model.scan_layers=True`
+the leading layer axis of a stacked [L, ...] kernel is a batch axis: each layer's matrix is
+orthogonalised on its own, as in the unrolled stack.
 
 Weight decay by the parameter's role, read from its name, never from its shape:
     decayed      kernels (every dense projection), the token embedding, the learned position
@@ -35,6 +59,7 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from transformer.config.fields import DECAY_SHAPES, SCHEDULES  # noqa: F401 - the choices live there
 from transformer.train import width_lr
@@ -67,7 +92,48 @@ def _decay_factor(shape: str, p):
     return 1.0 - jnp.sqrt(p)
 
 
-def learning_rate(t):
+# Muon's view of each hidden matrix, by module name, with axes counted from the end.
+_QKV = MuonDimensionNumbers(reduction_axis=(-3,), output_axis=(-2, -1))
+_OUT = MuonDimensionNumbers(reduction_axis=(-3, -2), output_axis=(-1,))
+_DENSE = MuonDimensionNumbers(reduction_axis=(-2,), output_axis=(-1,))
+_MUON_MATRICES = {"attn": {"query": _QKV, "key": _QKV, "value": _QKV, "out": _OUT},
+                  "mlp": {"expand": _DENSE, "gate": _DENSE, "project": _DENSE}}
+
+
+def muon_dims(path):
+    """How Muon sees the parameter at this path as a matrix, or None where AdamW trains it:
+    a `kernel` of a block's attention or MLP (by its names, never its shape: the head's
+    kernel is 2-D too, and stays with AdamW)."""
+    keys = [str(getattr(k, "key", k)) for k in path]
+    if len(keys) < 3 or keys[-1] != "kernel":
+        return None
+    return _MUON_MATRICES.get(keys[-3], {}).get(keys[-2])
+
+
+def muon_dimensions(params):
+    return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), params)
+
+
+def _fans(x, dims: MuonDimensionNumbers):
+    fan_in = math.prod(x.shape[a] for a in dims.reduction_axis)
+    return fan_in, math.prod(x.shape[a] for a in dims.output_axis)
+
+
+def _scale_by_width(dims_fn) -> optax.GradientTransformation:
+    """Orthogonalised updates times sqrt(max(1, fan_out / fan_in)) (Jordan's Muon)."""
+
+    def update(updates, state, params=None):
+        del params
+        dims = dims_fn(updates)
+        scaled = jax.tree.map(
+            lambda u, d: u * math.sqrt(max(1.0, _fans(u, d)[1] / _fans(u, d)[0])),
+            updates, dims, is_leaf=lambda x: isinstance(x, MuonDimensionNumbers))
+        return scaled, state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def learning_rate(t, peak=None):
     """The schedule `train` describes, as a function of the update count: 0 is the first of
     `train.steps` updates, steps - 1 the last.
 
@@ -75,8 +141,10 @@ def learning_rate(t):
     waste a step), the warmup reaches lr at update warmup_steps - 1, and the last update gets
     exactly lr·min_lr_ratio (cosine and WSD). The decay runs over progress
     p = (count - start) / (steps - 1 - start), from p = 0 at `start` (an update at the peak)
-    to p = 1 at the last update."""
-    peak, end = t.lr, t.lr * t.min_lr_ratio
+    to p = 1 at the last update. `peak` (default `t.lr`) gives the same shape from another
+    peak: Muon's `t.muon_lr`."""
+    peak = t.lr if peak is None else peak
+    end = peak * t.min_lr_ratio
     warmup = min(t.warmup_steps, max(t.steps - 1, 0))
     start = max(warmup - 1, 0)  # the last update at the peak before the decay
     if t.schedule == "wsd":
@@ -97,15 +165,34 @@ def learning_rate(t):
     return schedule
 
 
+def _muon(t) -> optax.GradientTransformation:
+    """Muon for the matrices `muon_dims` names (the tree it receives holds only those)."""
+    def dims(updates):  # the partitioned tree: MaskedNode (an empty node) where AdamW trains
+        return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), updates)
+
+    return optax.chain(
+        scale_by_muon(beta=t.muon_momentum, nesterov=True, ns_steps=t.muon_ns_steps,
+                      weight_dimension_numbers=dims),
+        _scale_by_width(dims),
+        optax.add_decayed_weights(t.muon_weight_decay),
+        optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
+
+
 def make_optimizer(t, d_model: int = 0) -> optax.GradientTransformation:
-    """AdamW with `learning_rate(t)`, weight decay by role, clipping by global norm; with
-    `train.lr_base_width` its hidden matrices at lr·lr_base_width/d_model (width_lr.py)."""
+    """AdamW (or Muon with AdamW, `train.optimizer`) with `learning_rate(t)`, weight decay by
+    role, clipping by global norm (of the whole gradient, before either group); with
+    `train.lr_base_width` AdamW's hidden matrices at lr·lr_base_width/d_model (width_lr.py:
+    under Muon, AdamW trains none, so the rule changes nothing there)."""
     adamw = optax.adamw(learning_rate(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
                         mask=decay_mask)
     if t.lr_base_width:
         if d_model <= 0:
             raise ValueError("train.lr_base_width needs the model's d_model")
         adamw = width_lr.scale_hidden_matrices(adamw, width_lr.multiplier(t, d_model))
+    if t.optimizer == "muon":
+        labels = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
+            lambda path, _: "adamw" if muon_dims(path) is None else "muon", params)
+        adamw = optax.partition({"muon": _muon(t), "adamw": adamw}, labels)
     if t.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw)
     return adamw

@@ -119,7 +119,8 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
         ckpts.wait()  # a save in flight is committed even when the run stops with an error
         ckpts.close()
     if first < end:
-        log(f"trained steps {first}..{end} in {time.perf_counter() - begin:.1f}s")
+        log(f"trained steps {first}..{end} in {time.perf_counter() - begin:.1f}s "
+            f"(evaluation {loop.eval_seconds:.1f}s of it)")
     return state
 
 

@@ -92,11 +92,16 @@ class Trainer:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             shapes, self.state_sharding)
 
-    def batch(self, source, seed: int, split: str, index: int) -> dict:
-        """Batch `index` as global arrays; this process builds only the rows it holds."""
+    def batch(self, source, seed: int, split: str, index: int, windows=None) -> dict:
+        """Batch `index` as global arrays; this process builds only the rows it holds.
+        `windows`: rows past the first `windows` windows of the split (row r of batch i is
+        window i·B + r) count nothing (weight 0): the last, partial batch of a whole split."""
         B, T = self.config.train.batch_size, self.config.model.max_seq_len
         rows = sharding.process_rows(self.batch_sharding, B, T)
         local = source.batch(seed, split, index, B, rows=rows)
+        if windows is not None:
+            past = index * B + np.asarray(rows) >= windows
+            local["weights"] = np.where(past[:, None], 0.0, local["weights"]).astype(np.float32)
         return sharding.put_batch(local, self.batch_sharding, B)
 
 
@@ -105,9 +110,29 @@ def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
     return loss_nats / math.log(2) * tokens_per_byte
 
 
-def evaluate(trainer: Trainer, params, source, seed: int) -> float:
-    """Mean validation loss (nats per token) over a fixed set of held-out batches."""
+def val_windows(source) -> int | None:
+    """Windows in the validation split, or None for a source without a fixed one (the
+    synthetic tasks draw new rows for every batch)."""
+    windows = getattr(source, "windows", None)
+    return None if windows is None else int(windows["val"])
+
+
+def evaluate(trainer: Trainer, params, source, seed: int, batches: int | None = None) -> float:
+    """Mean validation loss (nats per token) over `batches` held-out batches (default
+    `train.eval_batches`); 0: the whole validation split, every window exactly once (the
+    first epoch of its order, the last batch cut to the windows left), weighted by tokens."""
     t = trainer.config.train
-    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
-              for i in range(t.eval_batches)]
-    return float(np.mean(jax.device_get(losses)))
+    batches = t.eval_batches if batches is None else batches
+    n = val_windows(source) if batches == 0 else None
+    if batches == 0 and n is None:
+        batches = t.eval_batches
+    if n is None:
+        losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
+                  for i in range(batches)]
+        return float(np.mean(jax.device_get(losses)))
+    B = t.batch_size
+    count = math.ceil(n / B)
+    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i, windows=n))
+              for i in range(count)]
+    rows = np.minimum(B, n - B * np.arange(count))  # every row holds the same T tokens
+    return float(np.sum(np.asarray(jax.device_get(losses), np.float64) * rows) / n)
