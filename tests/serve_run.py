@@ -23,12 +23,13 @@ WORDS = {
 BYTE_MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
               "--config.model.n_layers=1", "--config.model.d_ff=64",
               "--config.model.max_seq_len=64", "--config.model.vocab_size=0",
-              "--config.data.tokenizer=byte", "--config.train.batch_size=8",
+              "--config.data.tokenizer=byte", "--config.model.matmul=plain",
+              "--config.train.batch_size=8",
               "--config.train.warmup_steps=4", "--config.train.log_every=20",
               "--config.train.eval_every=60", "--config.train.eval_batches=1",
               "--config.sample.max_new_tokens=4", "--config.sample.prompt=the ", "--no_progress"]
 CONTEXT = 64
-STEPS = 60
+STEPS = 300
 
 
 def corpus_text() -> str:
