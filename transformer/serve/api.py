@@ -12,9 +12,11 @@
       stop         a string or up to 4: the text ends before the first one
       n            choices per prompt (decoded together, as sample.py --num_samples)
       stream       server-sent events, one per piece of text, `data: [DONE]` at the end
+      stream_options  {"include_usage": true}: a last chunk with the usage
       logprobs     0 .. 5: each token's log-probability and the likeliest alternatives
       echo         the prompt comes back in front of the text (with logprobs: scored too)
 
+At most MAX_PROMPTS prompts and MAX_CHOICES choices (prompts x n) in one request.
 Anything else OpenAI defines and this server cannot honour (best_of, logit_bias, penalties,
 suffix) is refused rather than ignored; unknown fields (e.g. `user`) are ignored.
 A refusal is HTTP 400 with {"error": {"message", "type", "param", "code"}}: one line.
