@@ -6,7 +6,7 @@ and a page that streams text and shows where every attention head looked.
     __main__.py    the command: load a run (or --hf), warm up, serve with uvicorn
     api.py         requests in (checked, HTTP 400 with OpenAI's error JSON), responses out
     chat.py        chat completions: messages -> one prompt through a chat template
-    tokens.py      tokens as logprobs name them (bytes:\xNN for part of a character), offsets
+    tokens.py      tokens as logprobs name them (bytes:\\xNN for part of a character), offsets
     engine.py      the model side: one worker thread runs requests in arrival order through
                    generate/ (compiled once, at start-up); a client that leaves stops its work
     app.py         the routes (Starlette): /v1/completions, /v1/chat/completions, /v1/models,
