@@ -7,8 +7,9 @@
     curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"prompt": "def ", "max_tokens": 40, "temperature": 0.8, "seed": 0}'
 
-Binds 127.0.0.1 unless --host says otherwise (then --api_key=KEY is required). The programs requests run are compiled before
-the server answers (`warm up`); `GET /health` answers once it does. docs/serving.md.
+Binds 127.0.0.1 unless --host says otherwise (then --api_key=KEY is required). The programs
+requests run are compiled before the server answers (`warm up`); `GET /health` answers once
+it does. docs/serving.md.
 """
 
 from __future__ import annotations
