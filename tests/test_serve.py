@@ -148,7 +148,7 @@ def test_echo_scores_the_prompt_with_the_models_log_softmax(workdir, client):
     lp = c.logprobs
     assert "".join(lp.tokens) == text and lp.token_logprobs[0] is None
     np.testing.assert_allclose(lp.token_logprobs[1:], expected, atol=2e-4)
-    assert lp.text_offset == list(np.cumsum([0] + [len(t) for t in lp.tokens[:-1]]))
+    assert lp.text_offset == list(range(len(text)))  # a char model: token t is character t
     for t, top in enumerate(lp.top_logprobs[1:]):  # the two likeliest after tokens[:t+1]
         best = np.argsort(-logp[t])[:2]
         assert list(top.values()) == pytest.approx(logp[t][best].tolist(), abs=2e-4)
@@ -166,13 +166,18 @@ def test_logprobs_of_generated_tokens(workdir, client):
 
 
 
-def test_echo_gives_back_the_prompt_as_sent_even_past_the_context(client):
+def test_a_prompt_past_the_context_is_refused_not_cut(client):
+    """It was cut to its last 32 tokens and answered 200; now it is OpenAI's 400."""
     long = "the lazy dog " * 4  # 52 characters, a char model with a 32-token context
-    [c] = client.completions.create(model="tiny", prompt=long, max_tokens=5, echo=True,
-                                    temperature=0).choices
-    alone = client.completions.create(model="tiny", prompt=long, max_tokens=5,
-                                      temperature=0).choices[0].text
-    assert c.text == long + alone
+    for prompt in (long, [0] * len(long)):  # as text, and as token ids
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=5, echo=True)
+        assert caught.value.body["code"] == "context_length_exceeded"
+        assert "32 tokens" in caught.value.body["message"]
+    [c] = client.completions.create(model="tiny", prompt=long[:32], max_tokens=5, echo=True,
+                                    temperature=0).choices  # 32 tokens: within it
+    assert c.text.startswith(long[:32])
+
 
 def tokenizer_ids(workdir, text):
     from transformer.checkpoint import load_run
@@ -191,8 +196,8 @@ def tokenizer_ids(workdir, text):
     (dict(prompt=""), "prompt"),
     (dict(prompt=[]), "prompt"),
     (dict(prompt=[1, 2, 10**6]), "prompt"),
-    (dict(prompt="x" * 60, logprobs=1, max_tokens=20), "logprobs"),
-    (dict(prompt="the " * 10, logprobs=1, max_tokens=0, echo=True), "logprobs"),  # 40 > 32
+    (dict(prompt="x" * 20, logprobs=1, max_tokens=20), "logprobs"),  # 20 + 20 > 32
+    (dict(prompt="the " * 6, logprobs=1, max_tokens=10, echo=True), "logprobs"),  # 24 + 10
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(extra_body={"top_k": -1}), "top_k"),
 ])
@@ -207,7 +212,8 @@ def test_bad_requests_get_400_with_openai_error_json(client, kwargs, param):
 
 
 def test_malformed_bodies_and_an_unknown_model(server, client):
-    r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10)
+    r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10,
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{server}/v1/completions", json=[1, 2], timeout=10)
     assert r.status_code == 400 and r.json()["error"]["message"]

@@ -25,7 +25,14 @@ class TextStream:
     only the ids not yet shown, and holds them while their text ends in a replacement
     character (an unfinished UTF-8 sequence, or an invalid one that the next byte may
     still turn out to end); text that ends in a whole character cannot change with later
-    tokens. `finish` gives whatever is left."""
+    tokens. `finish` gives whatever is left.
+
+    The held ids stay few, so each token costs the same however long the stream: once more
+    than HOLD are held (invalid bytes that never become a character), the longest head whose
+    text is final is given out, a head whose text joined to the rest's is the text of all
+    (an unfinished character cut in two would decode to one more replacement character)."""
+
+    HOLD = 8
 
     def __init__(self, tokenizer):
         self.tokenizer, self.held = tokenizer, []
@@ -33,10 +40,18 @@ class TextStream:
     def push(self, token_id: int) -> str:
         self.held.append(int(token_id))
         text = self.tokenizer.decode(self.held)
-        if text.endswith(REPLACEMENT):
+        if not text.endswith(REPLACEMENT):
+            self.held = []
+            return text
+        if len(self.held) <= self.HOLD:
             return ""
-        self.held = []
-        return text
+        decode = self.tokenizer.decode
+        for k in range(len(self.held) - 1, 0, -1):  # at most HOLD decodes of HOLD ids
+            head = decode(self.held[:k])
+            if head + decode(self.held[k:]) == text:
+                self.held = self.held[k:]
+                return head
+        return ""
 
     def finish(self) -> str:
         text = self.tokenizer.decode(self.held) if self.held else ""
@@ -78,35 +93,52 @@ def cut_at_stop(text: str, stops) -> str:
 class StopText:
     """Text pieces in, the part that may be shown out, for one sample: nothing at or after
     the first stop string, and the tail that could still begin one is held back until the
-    next piece decides (a stop may span pieces). `stopped` turns True at the first match."""
+    next piece decides (a stop may span pieces). `stopped` turns True at the first match.
+
+    Linear in the text: only the held-back tail and the new piece are searched. Text already
+    shown can hold no match, nor the start of one: a stop beginning there would either lie
+    wholly inside the text seen (and have been found) or begin with the text's end (and
+    have been held back). `text` is all the text pushed, `shown` how much of it was given."""
 
     def __init__(self, stops):
-        self.stops, self.text, self.shown, self.stopped = stop_strings(stops), "", 0, False
+        self.stops, self.stopped = stop_strings(stops), False
         self.hold = max(map(len, self.stops), default=1) - 1
+        self._shown, self._tail, self._dropped = [], "", []  # given; held back; past a stop
+        self.shown = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self._shown) + self._tail + "".join(self._dropped)
 
     def push(self, piece: str) -> str:
         if self.stopped:
+            self._dropped.append(piece)
             return ""
-        self.text += piece
-        cut = cut_at_stop(self.text, self.stops)
-        if len(cut) < len(self.text):
+        text = self._tail + piece
+        cut = cut_at_stop(text, self.stops)
+        if len(cut) < len(text):
             self.stopped = True
             safe = len(cut)
         else:
-            safe = len(self.text) - self.hold
+            safe = max(len(text) - self.hold, 0)
             # Hold back only a tail that begins some stop string.
-            while safe < len(self.text) and not any(
-                    s.startswith(self.text[safe:]) for s in self.stops):
+            while safe < len(text) and not any(s.startswith(text[safe:]) for s in self.stops):
                 safe += 1
-        out = self.text[self.shown:max(self.shown, safe)]
-        self.shown = max(self.shown, safe)
+        out, self._tail = text[:safe], text[safe:]
+        if self.stopped:
+            self._dropped.append(self._tail)
+            self._tail = ""
+        self._shown.append(out)
+        self.shown += len(out)
         return out
 
     def finish(self) -> str:
         """What is left once the sample has ended without a stop: the held-back tail."""
         if self.stopped:
             return ""
-        out, self.shown = self.text[self.shown:], len(self.text)
+        out, self._tail = self._tail, ""
+        self._shown.append(out)
+        self.shown += len(out)
         return out
 
 

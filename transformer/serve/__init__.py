@@ -5,10 +5,13 @@ and a page that streams text and shows where every attention head looked.
 
     __main__.py    the command: load a run (or --hf), warm up, serve with uvicorn
     api.py         requests in (checked, HTTP 400 with OpenAI's error JSON), responses out
+    chat.py        chat completions: messages -> one prompt through a chat template
+    tokens.py      tokens as logprobs name them (bytes:\\xNN for part of a character), offsets
     engine.py      the model side: one worker thread runs requests in arrival order through
                    generate/ (compiled once, at start-up); a client that leaves stops its work
-    app.py         the routes (Starlette): /v1/completions, /v1/models, /health, /v1/inspect,
-                   and the page
+    app.py         the routes (Starlette): /v1/completions, /v1/chat/completions, /v1/models,
+                   /health, /v1/inspect, and the page; what a request may cost (body, queue,
+                   API key), tokenizing off the event loop
     static/        the page (HTML, JS, CSS shipped in the package: no CDN, works offline)
 
 May import: config/, generate/, data/ (tokenizers), checkpoint.py (load_run), hf/ (--hf), cli.py.

@@ -7,8 +7,9 @@
     curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"prompt": "def ", "max_tokens": 40, "temperature": 0.8, "seed": 0}'
 
-Binds 127.0.0.1 unless --host says otherwise. The programs requests run are compiled before
-the server answers (`warm up`); `GET /health` answers once it does. docs/serving.md.
+Binds 127.0.0.1 unless --host says otherwise (then --api_key=KEY is required). The programs
+requests run are compiled before the server answers (`warm up`); `GET /health` answers once
+it does. docs/serving.md.
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-
                           "folder (docs/huggingface.md).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest good one).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0: every interface; "
-                            "there is no authentication).")
+                            "then --api_key is required).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 256, "The most new tokens one request may ask "
                                    "for (per choice).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 8, "Rows decoded together (choices of all "
                                   "requests); the KV cache for them is allocated at start-up.")
+_API_KEY = flags.DEFINE_string("api_key", None, "Clients must send 'Authorization: Bearer KEY' "
+                               "(OpenAI clients: api_key=KEY). Required unless --host is a "
+                               "loopback address.")
+_MAX_QUEUE = flags.DEFINE_integer("max_queue", 64, "The most requests in the server at once, "
+                                  "running or waiting; more get HTTP 429.")
+_MAX_BODY = flags.DEFINE_integer("max_body", 16 * 2**20, "The largest request body in bytes; "
+                                 "larger ones get HTTP 413.")
 _NAME = flags.DEFINE_string("name", None, "The model id clients name (default: the workdir's "
                             "or folder's name).")
 
@@ -48,6 +56,16 @@ def load():
             Path(_WORKDIR.value).resolve().name)
 
 
+def is_loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
@@ -59,6 +77,14 @@ def main(argv):
         cli.fail(f"max_batch={_MAX_BATCH.value}: must be in [1, 256]")
     if not 0 <= _PORT.value <= 65535:
         cli.fail(f"port={_PORT.value}: must be in [0, 65535]")
+    if not is_loopback(_HOST.value) and not _API_KEY.value:
+        cli.fail(f"--host={_HOST.value} opens the server beyond this machine: give "
+                 "--api_key=KEY too (clients send 'Authorization: Bearer KEY')")
+    if _API_KEY.value is not None and not _API_KEY.value.strip():
+        cli.fail("--api_key is empty: give a key, or leave the flag out on a loopback host")
+    if _MAX_QUEUE.value < 1 or _MAX_BODY.value < 1024:
+        cli.fail(f"max_queue={_MAX_QUEUE.value}, max_body={_MAX_BODY.value}: need "
+                 "max_queue >= 1 and max_body >= 1024")
     if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
         cli.fail(f"--workdir={_WORKDIR.value}: no such folder; train a run there first")
     import uvicorn
@@ -75,8 +101,14 @@ def main(argv):
           f"decode together; warming up...",
           flush=True)
     print(f"compiled in {engine.warm_up():.1f}s", flush=True)
-    app = create_app(engine, name, step)
-    print(f"serving on http://{_HOST.value}:{_PORT.value}/  (OpenAI API under /v1)", flush=True)
+    from transformer.serve.chat import template_of
+    template = template_of(_HF.value)  # a run trained here has none: the plain template
+    app = create_app(engine, name, step, template=template, api_key=_API_KEY.value,
+                     max_queue=_MAX_QUEUE.value, max_body=_MAX_BODY.value)
+    notes = ["chat template: " + ("the folder's" if template.jinja else "plain")]
+    notes += ["API key required"] if _API_KEY.value else []
+    print(f"serving on http://{_HOST.value}:{_PORT.value}/  (OpenAI API under /v1; "
+          f"{'; '.join(notes)})", flush=True)
     try:
         uvicorn.run(app, host=_HOST.value, port=_PORT.value, log_level="warning")
     finally:

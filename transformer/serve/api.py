@@ -12,9 +12,11 @@
       stop         a string or up to 4: the text ends before the first one
       n            choices per prompt (decoded together, as sample.py --num_samples)
       stream       server-sent events, one per piece of text, `data: [DONE]` at the end
+      stream_options  {"include_usage": true}: a last chunk with the usage
       logprobs     0 .. 5: each token's log-probability and the likeliest alternatives
       echo         the prompt comes back in front of the text (with logprobs: scored too)
 
+At most MAX_PROMPTS prompts and MAX_CHOICES choices (prompts x n) in one request.
 Anything else OpenAI defines and this server cannot honour (best_of, logit_bias, penalties,
 suffix) is refused rather than ignored; unknown fields (e.g. `user`) are ignored.
 A refusal is HTTP 400 with {"error": {"message", "type", "param", "code"}}: one line.
@@ -30,6 +32,10 @@ import uuid
 MAX_STOPS = 4
 MAX_LOGPROBS = 5
 MAX_N = 16
+# One request's work is bounded: at most MAX_PROMPTS prompts and MAX_CHOICES choices in all
+# (prompts x n). A list of 100,000 prompts with n=16 would hold the device for hours.
+MAX_PROMPTS = 256
+MAX_CHOICES = 256
 
 
 class ApiError(Exception):
@@ -59,6 +65,7 @@ class CompletionRequest:
     stream: bool = False
     logprobs: int | None = None
     echo: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
 
 
 def _number(body, name, default, kind, low=None, high=None, low_open=False):
@@ -97,6 +104,9 @@ def _prompts(body) -> list:
     else:
         raise ApiError("prompt: must be a string, a list of strings, a list of token ids or a "
                        "list of such lists (not empty)", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(f"prompt: at most {MAX_PROMPTS} prompts in one request, got "
+                       f"{len(prompts)}; send the rest in further requests", "prompt")
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ApiError(f"prompt {i} is empty: give at least one character or token",
@@ -116,22 +126,44 @@ def _stops(body) -> tuple:
     return tuple(stops)
 
 
-def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
-    """A request body (parsed JSON) checked into a CompletionRequest; raises ApiError."""
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    for name, neutral in (("best_of", None), ("logit_bias", None), ("suffix", None),
-                          ("presence_penalty", 0), ("frequency_penalty", 0)):
-        if body.get(name) not in (None, neutral, {}) and not (
+def _refuse_unsupported(body, names) -> None:
+    for name, neutral in names:
+        if body.get(name) not in (None, neutral, {}, []) and not (
                 name == "best_of" and body.get(name) == body.get("n", 1)):
             raise ApiError(f"{name} is not supported by this server: leave it out", name)
-    for name in ("stream", "echo"):
+
+
+def _flags(body, names) -> None:
+    for name in names:
         if not isinstance(body.get(name, False), bool):
             raise ApiError(f"{name}={body[name]!r}: must be true or false", name)
+
+
+def _include_usage(body) -> bool:
+    """stream_options: {"include_usage": true} asks for a last chunk carrying usage (every
+    other chunk then has "usage": null). Options this server does not know are refused."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not body.get("stream"):
+        raise ApiError("stream_options: only allowed with stream=true", "stream_options")
+    if not isinstance(options, dict):
+        raise ApiError("stream_options: must be an object such as {\"include_usage\": true}",
+                       "stream_options")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise ApiError(f"stream_options.{unknown[0]} is not supported by this server: only "
+                       "include_usage", "stream_options")
+    if not isinstance(options.get("include_usage", False), bool):
+        raise ApiError("stream_options.include_usage: must be true or false", "stream_options")
+    return options.get("include_usage", False)
+
+
+def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens") -> dict:
+    """The fields completions and chat share, checked."""
     seed = body.get("seed")
-    request = CompletionRequest(
-        prompts=_prompts(body),
-        max_tokens=_number(body, "max_tokens", 16, int, 0, max_tokens_limit),
+    return dict(
+        max_tokens=_number(body, max_tokens_field, 16, int, 0, max_tokens_limit),
         temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
         top_k=_number(body, "top_k", 0, int, 0),
@@ -140,8 +172,28 @@ def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
         stop=_stops(body),
         n=_number(body, "n", 1, int, 1, MAX_N),
         stream=body.get("stream", False),
+        include_usage=_include_usage(body))
+
+
+def _check_choices(request: CompletionRequest) -> None:
+    if len(request.prompts) * request.n > MAX_CHOICES:
+        raise ApiError(f"{len(request.prompts)} prompts x n={request.n} is "
+                       f"{len(request.prompts) * request.n} choices: at most {MAX_CHOICES} in "
+                       "one request", "n")
+
+
+def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
+    """A request body (parsed JSON) checked into a CompletionRequest; raises ApiError."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    _refuse_unsupported(body, (("best_of", None), ("logit_bias", None), ("suffix", None),
+                               ("presence_penalty", 0), ("frequency_penalty", 0)))
+    _flags(body, ("stream", "echo"))
+    request = CompletionRequest(
+        prompts=_prompts(body), **_sampling(body, max_tokens_limit),
         logprobs=_number(body, "logprobs", None, int, 0, MAX_LOGPROBS),
         echo=body.get("echo", False))
+    _check_choices(request)
     if request.max_tokens == 0 and not request.echo:
         raise ApiError("max_tokens=0 asks for nothing: give max_tokens >= 1, or echo=true to "
                        "score the prompt", "max_tokens")
@@ -151,8 +203,8 @@ def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
     return request
 
 
-def completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex[:24]}"
+def completion_id(prefix: str = "cmpl") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def choice(index: int, text: str, finish_reason: str | None, logprobs=None) -> dict:
@@ -168,5 +220,13 @@ def completion(cid: str, model: str, choices: list, usage: dict | None = None,
     return out
 
 
-def model_card(model: str, created: int) -> dict:
-    return {"id": model, "object": "model", "created": created, "owned_by": "transformer"}
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def model_card(model: str, created: int, context_length: int) -> dict:
+    """The model object; `context_length` (and vLLM's `max_model_len`) is how many tokens a
+    prompt may have: what an evaluation harness's max_length should be."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "transformer",
+            "context_length": context_length, "max_model_len": context_length}

@@ -30,14 +30,16 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import threading
+import functools
 import queue
+import threading
 import time
 
 import numpy as np
 
 from transformer.generate import decode, inside, slots
 from transformer.generate import text as textgen
+from transformer.serve import tokens
 from transformer.serve.api import ApiError
 
 
@@ -326,44 +328,36 @@ class Engine:
 
     def _logprobs(self, prompt_ids, ids, top: int, echo: bool) -> dict:
         """OpenAI's logprobs object for the completion (with echo: the prompt's tokens first,
-        the very first without a log-probability)."""
+        the very first without a log-probability); tokens named as serve/tokens.py says."""
         text_ids = prompt_ids + ids
         lp = inside.token_logprobs(self.config, self.params, text_ids, top=top)
-        first = 0 if echo else len(prompt_ids)
-        tokens, token_lp, top_lp, offsets, offset = [], [], [], [], 0
-        for t in range(first, len(text_ids)):
-            piece = self.tokenizer.decode([text_ids[t]])
-            tokens.append(piece)
-            offsets.append(offset)
-            offset += len(piece)
-            if t == 0:
-                token_lp.append(None)
-                top_lp.append(None)
-                continue
-            token_lp.append(float(lp.chosen_T[t - 1]))
-            top_lp.append({self.tokenizer.decode([int(i)]): float(v)
-                           for i, v in zip(lp.top_ids_TK[t - 1], lp.top_lp_TK[t - 1])})
-        return {"tokens": tokens, "token_logprobs": token_lp, "top_logprobs": top_lp,
-                "text_offset": offsets}
+        return tokens.logprobs(self.names, text_ids, 0 if echo else len(prompt_ids), lp)
 
-    def inspect(self, text: str, top: int = 8) -> dict:
-        """What the page shows for a text (its last max_seq_len tokens): each token, the
-        attention weights of every layer and head, and the likeliest next tokens after each
-        position. Runs on the worker."""
-        ids = self.tokenizer.encode(text)[-self.config.max_seq_len:]
-        if not ids:
-            raise ApiError("text is empty: give at least one character", "text")
-        weights_LHTT, logits_TV = inside.attention(self.config, self.params, ids)
-        probs_TV = np.exp(logits_TV - logits_TV.max(-1, keepdims=True))
-        probs_TV /= probs_TV.sum(-1, keepdims=True)
-        best_TK = np.argsort(-probs_TV, axis=-1)[:, :top]
+    @functools.cached_property
+    def names(self) -> tokens.TokenNames:
+        return tokens.TokenNames(self.tokenizer)
+
+    def inspect_tokens(self, ids) -> dict:
+        """The tokens of a text as the page lays them out (each one's own decoding)."""
+        return {"tokens": [self.tokenizer.decode([t]) for t in ids], "ids": list(ids)}
+
+    def inspect(self, ids, query: int, top: int = 8) -> dict:
+        """What the page shows for token `query` of a text (at most max_seq_len ids): its row
+        of attention weights in every layer and head (weights on tokens 0..query, [L][H][k],
+        4 decimals), and the likeliest tokens after it. Only that row travels, not every
+        head's T x T weights (~0.9 GB of JSON for GPT-2 small at 1024 tokens). Runs on the
+        worker."""
+        weights_LHTT, logits_TV = inside.attention(self.config, self.params, list(ids))
+        logits_V = logits_TV[query].astype(np.float64)
+        probs_V = np.exp(logits_V - logits_V.max())
+        probs_V /= probs_V.sum()
+        best_K = np.argsort(-probs_V)[:top]
         return {
-            "tokens": [self.tokenizer.decode([t]) for t in ids],
-            "ids": ids,
-            "attention": np.round(weights_LHTT.astype(np.float64), 4).tolist(),
-            "next": [[{"token": self.tokenizer.decode([int(i)]), "id": int(i),
-                       "prob": round(float(probs_TV[t, i]), 5)} for i in best_TK[t]]
-                     for t in range(len(ids))]}
+            "query": query,
+            "attention": np.round(weights_LHTT[:, :, query, :query + 1].astype(np.float64),
+                                  4).tolist(),
+            "next": [{"token": self.tokenizer.decode([int(i)]), "id": int(i),
+                      "prob": round(float(probs_V[i]), 5)} for i in best_K]}
 
     # --- start-up ---------------------------------------------------------------------------
     def warm_up(self) -> float:

@@ -1,10 +1,12 @@
 // The page: stream a completion from /v1/completions, then ask /v1/inspect for the text's
-// tokens, every head's attention weights and the likeliest next tokens, and show them when a
-// token is clicked. Plain JavaScript, no libraries: the page works offline.
+// tokens; when a token is clicked, ask /v1/inspect for that token's row of attention weights
+// in every head and the likeliest next tokens, and show them. Plain JavaScript, no
+// libraries: the page works offline.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { inside: null, query: null, layer: 0, head: 0, controller: null };
+const state = { inside: null, text: "", rows: {}, query: null, layer: 0, head: 0,
+                controller: null };
 window.__pieces = 0;  // how many streamed pieces arrived (the browser test reads it)
 
 async function showModel() {
@@ -13,6 +15,7 @@ async function showModel() {
     $("model").textContent = `${health.model} · step ${health.step} · context ` +
       `${health.context} tokens`;
     $("max_tokens").max = health.max_tokens;
+    $("key-label").hidden = !health.auth;
   } catch (e) {
     $("model").textContent = "server not reachable";
   }
@@ -23,6 +26,17 @@ function knobs() {
   return { prompt: $("prompt").value, max_tokens: num("max_tokens"),
            temperature: num("temperature"), top_k: num("top_k"), top_p: num("top_p"),
            seed: num("seed"), stream: true };
+}
+
+function headers() {
+  // JSON, and the server's API key when it wants one (--api_key).
+  const out = { "Content-Type": "application/json" };
+  if ($("api_key").value) out.Authorization = `Bearer ${$("api_key").value}`;
+  return out;
+}
+
+async function post(path, body, signal) {
+  return fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(body), signal });
 }
 
 function setBusy(busy, message) {
@@ -46,9 +60,7 @@ async function generate() {
   setBusy(true, "generating…");
   let completion = "";
   try {
-    const reply = await fetch("/v1/completions", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body), signal: state.controller.signal });
+    const reply = await post("/v1/completions", body, state.controller.signal);
     if (!reply.ok) {
       const error = await reply.json();
       throw new Error(error.error ? error.error.message : reply.statusText);
@@ -88,12 +100,13 @@ async function generate() {
 }
 
 async function inspect(text) {
-  const reply = await fetch("/v1/inspect", {
-    method: "POST", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ text }) });
+  // The tokens only; a token's attention rows come when it is clicked (fetchRow()).
+  const reply = await post("/v1/inspect", { text });
   const data = await reply.json();
   if (!reply.ok) throw new Error(data.error.message);
   state.inside = data;
+  state.text = text;
+  state.rows = {};
   const output = $("output");
   output.textContent = "";
   const joined = data.tokens.join("");
@@ -110,7 +123,7 @@ async function inspect(text) {
     span.dataset.index = i;
     span.textContent = token === "\n" ? "⏎\n" : token;
     span.title = `token ${i}: ${JSON.stringify(token)} (id ${data.ids[i]})`;
-    span.addEventListener("click", () => select(i));
+    span.addEventListener("click", () => choose(i));
     output.append(span);
   });
 }
@@ -120,15 +133,36 @@ function colour(weight, max, rgb) {
   return `rgba(${rgb}, ${a.toFixed(3)})`;
 }
 
+async function fetchRow(query) {
+  // Token `query`'s attention row in every layer and head, and the tokens likeliest next.
+  if (!state.rows[query]) {
+    const reply = await post("/v1/inspect", { text: state.text, query });
+    const data = await reply.json();
+    if (!reply.ok) throw new Error(data.error.message);
+    state.rows[query] = data;
+  }
+  return state.rows[query];
+}
+
+async function choose(query) {
+  try {
+    await fetchRow(query);
+    select(query);
+  } catch (e) {
+    $("status").textContent = `error: ${e.message}`;
+  }
+}
+
 function select(query) {
   state.query = query;
   const data = state.inside;
+  const rows = state.rows[query];
   $("inside").hidden = false;
   $("inside-title").textContent =
     `Token ${query}: ${JSON.stringify(data.tokens[query])} — where each head looked`;
   const heads = $("heads");
   heads.textContent = "";
-  data.attention.forEach((layer, l) => {
+  rows.attention.forEach((layer, l) => {
     layer.forEach((head, h) => {
       const row = document.createElement("div");
       row.className = "head" + (l === state.layer && h === state.head ? " chosen" : "");
@@ -139,7 +173,7 @@ function select(query) {
       label.textContent = `L${l} H${h}`;
       const strip = document.createElement("div");
       strip.className = "strip";
-      const weights = head[query].slice(0, query + 1);
+      const weights = head;  // on tokens 0 .. query
       const max = Math.max(...weights);
       weights.forEach((w, k) => {
         const cell = document.createElement("div");
@@ -159,7 +193,7 @@ function select(query) {
   tint();
   const table = $("next");
   table.textContent = "";
-  for (const guess of data.next[query]) {
+  for (const guess of rows.next) {
     const tr = document.createElement("tr");
     const token = document.createElement("td");
     token.textContent = JSON.stringify(guess.token);
@@ -177,9 +211,8 @@ function select(query) {
 
 function tint() {
   // The text itself, tinted by the chosen head's weights from the selected token.
-  const data = state.inside;
-  const weights = data.attention[state.layer][state.head][state.query];
-  const max = Math.max(...weights.slice(0, state.query + 1));
+  const weights = state.rows[state.query].attention[state.layer][state.head];
+  const max = Math.max(...weights);
   document.querySelectorAll("#output .tok").forEach((span) => {
     const k = Number(span.dataset.index);
     span.classList.toggle("selected", k === state.query);

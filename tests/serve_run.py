@@ -1,0 +1,100 @@
+"""Shared by the server's test files: one tiny byte-level run trained on English, Russian and
+Chinese text (once per test session, whichever file asks first), and a real server process
+on a free 127.0.0.1 port that stops when its `with` block ends."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import ROOT, free_port
+from tests.test_resume import env_with, run
+
+WORDS = {
+    "en": "the quick brown fox jumps over a lazy dog while seven wizards hex jolly boxes",
+    "ru": "быстрая коричневая лиса прыгает через ленивую собаку и съешь ещё этих булок",
+    "zh": "敏捷 的 棕色 狐狸 跳过 了 懒狗 我们 今天 学习 中文 汉字",
+}
+BYTE_MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
+              "--config.model.n_layers=1", "--config.model.d_ff=64",
+              "--config.model.max_seq_len=64", "--config.model.vocab_size=0",
+              "--config.data.tokenizer=byte", "--config.model.matmul=plain",
+              "--config.train.batch_size=8",
+              "--config.train.warmup_steps=4", "--config.train.log_every=20",
+              "--config.train.eval_every=60", "--config.train.eval_batches=1",
+              "--config.sample.max_new_tokens=4", "--config.sample.prompt=the ", "--no_progress"]
+CONTEXT = 64
+STEPS = 300
+
+
+def corpus_text() -> str:
+    rng = random.Random(0)
+    lines = []
+    for _ in range(300):
+        for words in WORDS.values():
+            lines.append(" ".join(rng.choices(words.split(), k=7)) + ".\n")
+    return "".join(lines)
+
+
+def byte_run(tmp_path_factory):
+    """The workdir of the session's trained byte-level run (trained on first call)."""
+    base = tmp_path_factory.getbasetemp()
+    workdir = base / "serve-byte-run" / "run"
+    if not (workdir / "checkpoints").exists():
+        workdir.parent.mkdir(parents=True, exist_ok=True)
+        corpus = workdir.parent / "text.txt"
+        corpus.write_text(corpus_text(), encoding="utf-8")
+        out = run(["train.py", *BYTE_MODEL, f"--config.data.corpus={corpus}",
+                   f"--workdir={workdir}", f"--config.train.steps={STEPS}",
+                   f"--config.train.ckpt_every={STEPS}"])
+        assert out.returncode == 0, out.stderr
+    return workdir
+
+
+@contextlib.contextmanager
+def server(workdir, *flags, name="tiny", max_tokens=64, start_timeout=240):
+    """A `python -m transformer serve` process; yields its base URL and the process."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}", f"--port={port}",
+         f"--max_tokens={max_tokens}", f"--name={name}", *flags],
+        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield base, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def model_logprobs(workdir, ids):
+    """(log p(ids[t] | ids[:t]) for t >= 1, the full [T, V] log-softmax, the tokenizer), from
+    the model's own forward pass (GPT.apply), not the server's scoring program."""
+    import jax
+    import numpy as np
+
+    from transformer.checkpoint import load_run
+    from transformer.model.gpt import GPT
+
+    run_ = load_run(workdir)
+    logits = GPT(run_.model_config).apply({"params": run_.params}, np.asarray([ids], np.int32))
+    logp = np.asarray(jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1))
+    return logp[np.arange(len(ids) - 1), ids[1:]], logp, run_.tokenizer
