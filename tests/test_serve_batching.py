@@ -142,15 +142,16 @@ def server(workdir):
     proc.wait(timeout=30)
 
 
-# 8 requests, 11 rows for 4 slots: different prompts, lengths (past the 32-token context),
-# seeds, knobs, n, stop strings, streamed or not.
+# 8 requests, 11 rows for 4 slots: different prompts (the longest 28 of the 32-token context:
+# a longer one is refused with context_length_exceeded), lengths (past the context), seeds,
+# knobs, n, stop strings, streamed or not.
 REQUESTS = [
     dict(prompt="the quick ", max_tokens=60, temperature=0.0, seed=0, stream=False),
     dict(prompt="a lazy ", max_tokens=150, temperature=1.0, top_p=0.9, seed=3, n=3,
          stream=True),
     dict(prompt="the ", max_tokens=25, temperature=0.8, seed=11, stop=["e t", "og"],
          stream=False),
-    dict(prompt="over the lazy dog the quick brown fox ", max_tokens=90, temperature=1.0,
+    dict(prompt="over the lazy dog the quick ", max_tokens=90, temperature=1.0,
          seed=5, top_k=8, stream=True),
     dict(prompt="q", max_tokens=7, temperature=1.2, seed=2, stream=False),
     dict(prompt="brown ", max_tokens=120, temperature=0.0, seed=9, stop="zz", stream=True),
