@@ -282,17 +282,25 @@ def test_a_kill_mid_write_leaves_sweep_state_whole(tmp_path, monkeypatch):
     old = {"sweep.json": json.loads((tmp_path / "sweep.json").read_text()),
            "result.json": {**json.loads(result.read_text()), "steps": -1}}  # so it reruns
     result.write_text(json.dumps(old["result.json"]))
-    real_write = Path.write_text
+    import builtins
+
+    from transformer.data import durable
     for torn in ("sweep.json", "result.json"):
-        def dies_half_way(path, text, *args, torn=torn, **kwargs):
-            if torn in path.name:
-                real_write(path, text[:len(text) // 2], *args, **kwargs)
-                raise _Killed
-            return real_write(path, text, *args, **kwargs)
-        monkeypatch.setattr(Path, "write_text", dies_half_way)
+        def dies_half_way(file, mode="r", *args, torn=torn, **kwargs):
+            """The writer's open(): a file named like `torn` gets half its text, then the
+            process 'dies' (durable.write_atomic writes a temporary file, then renames)."""
+            f = builtins.open(file, mode, *args, **kwargs)
+            if "w" in mode and torn in Path(file).name:
+                def write(text, f=f, real=f.write):
+                    real(text[:len(text) // 2])
+                    f.close()
+                    raise _Killed
+                f.write = write
+            return f
+        monkeypatch.setattr(durable, "open", dies_half_way, raising=False)
         with pytest.raises(_Killed):
             scaling.run(sweep, tmp_path, log=lambda s: None, progress=False)
-        monkeypatch.setattr(Path, "write_text", real_write)
+        monkeypatch.delattr(durable, "open")
         assert json.loads((tmp_path / member / torn if torn == "result.json"
                            else tmp_path / torn).read_text()) == old[torn], torn
 
