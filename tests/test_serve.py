@@ -11,8 +11,6 @@ run and one real server process on a free 127.0.0.1 port, shared by the module:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_port
-from tests.test_resume import MODEL, env_with, run, write_corpus
+from tests import serve_run
+from tests.test_resume import MODEL, run, write_corpus
 
 openai = pytest.importorskip("openai")
 
@@ -43,24 +41,8 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(workdir):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}",
-         f"--port={port}", f"--max_tokens={MAX_TOKENS}", "--name=tiny"],
-        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve_run.server(workdir, max_tokens=MAX_TOKENS) as (base, _):
+        yield base
 
 
 @pytest.fixture()

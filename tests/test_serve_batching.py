@@ -11,19 +11,15 @@ the text it gets alone.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import time
 
-import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_port
-from tests.test_resume import MODEL, env_with, run, write_corpus
+from tests import serve_run
+from tests.test_resume import MODEL, run, write_corpus
 from transformer.config import ModelConfig
 from transformer.generate import decode, slots as slots_lib
 from transformer.model.gpt import init_params
@@ -122,24 +118,8 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(workdir):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}",
-         f"--port={port}", "--max_tokens=200", f"--max_batch={MAX_BATCH}", "--name=tiny"],
-        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve_run.server(workdir, f"--max_batch={MAX_BATCH}", max_tokens=200) as (base, _):
+        yield base
 
 
 # 8 requests, 11 rows for 4 slots: different prompts (the longest 28 of the 32-token context:
