@@ -12,7 +12,6 @@ from transformer import config as config_lib
 from transformer.config import ModelConfig, base_config
 from transformer.model.kernels import auto as matmul_auto
 from transformer.model.kernels.auto import decide_cpu
-from transformer.train import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZEN3 = {"sse4_2", "avx", "avx2", "fma"}                       # AVX2 only: bf16 is emulated
@@ -67,16 +66,45 @@ def test_an_avx2_cap_resolves_to_float32():
     assert _choice_in_subprocess("--xla_cpu_max_isa=AVX2") == "fast_f32"
 
 
+def _interleaved_matmul_rates(n=1024, rounds=30):
+    """(float32, bf16-input) best FLOP/s of an n×n×n matmul, the two timed in alternation so
+    that a neighbour's load falls on both alike (a rate cached earlier in the process, as the
+    bench's MFU peak is, may come from a quieter or busier moment)."""
+    import time
+
+    import jax.numpy as jnp
+
+    fns, best = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+        f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+        f(a, b).block_until_ready()
+        fns[dtype], best[dtype] = (f, a, b), float("inf")
+    for _ in range(rounds):
+        for dtype, (f, a, b) in fns.items():
+            begin = time.perf_counter()
+            f(a, b).block_until_ready()
+            best[dtype] = min(best[dtype], time.perf_counter() - begin)
+    return 2 * n**3 / best["float32"], 2 * n**3 / best["bfloat16"]
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU decision")
 def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
-    """Where auto picks bf16 the bf16-input matmul is measured faster than float32, and where
-    it picks float32, bf16 is not clearly faster (best of 20 runs each, so load evens out)."""
+    """Where auto picks bf16, the bf16-input matmul is not slower than float32 (software
+    bf16, on CPUs without the instructions, runs at ~0.6x); where it picks float32, bf16 is
+    not clearly faster. Not "bf16 is faster": on a Xeon whose XLA dot does not use AMX tiles,
+    VDPBF16PS issues on one port and the rates come out equal (CI measured 455 against 466
+    GFLOP/s), and there bf16 buys halved activations, not faster multiplies."""
     mode = _choice_in_subprocess("")
-    f32, bf16 = metrics.measure_matmul_peak("float32"), metrics.measure_matmul_peak("bfloat16")
+    f32, bf16 = _interleaved_matmul_rates()
+    cpu = next((line.split(":", 1)[1].strip() for line in matmul_auto._read_cpuinfo().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    rates = f"{cpu}: float32 {f32 / 1e9:.0f}, bf16 {bf16 / 1e9:.0f} GFLOP/s"
     if mode == "fast_bf16":
-        assert bf16 > f32, (bf16, f32)
+        assert bf16 > 0.9 * f32, rates
     else:
-        assert mode == "fast_f32" and bf16 < 1.2 * f32, (bf16, f32)
+        assert mode == "fast_f32" and bf16 < 1.2 * f32, rates
 
 
 def test_a_config_is_plain_data_and_the_seam_resolves_auto(monkeypatch):
