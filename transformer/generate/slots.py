@@ -31,8 +31,8 @@ row, so rows need not be aligned, and a row's cache is never moved.
   Under "roll" a row's cache is a ring and it never stops.
 
 Every program has fixed shapes (one chunk per row bucket, the full S slots), so nothing
-compiles after warm_up, and memory is fixed at start-up: the cache plus at most S tokens of history per row.
-Attention reads all S slots of every row: a row's empty and stale slots are masked.
+compiles after warm_up, and memory is fixed at start-up: the cache plus at most S tokens of
+history per row. Attention reads all S slots of every row: a row's empty and stale slots are masked.
 """
 
 from __future__ import annotations
