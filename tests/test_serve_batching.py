@@ -40,9 +40,9 @@ def _config(variant) -> ModelConfig:
                        max_seq_len=32, matmul="plain", **VARIANTS[variant])
 
 
-def batched(config, params, rows, max_batch=3, chunk=8) -> list[list[int]]:
+def batched(config, params, rows, max_batch=3, chunk=8, slots=None) -> list[list[int]]:
     """Every row through a Slots batch: admitted when a slot is free, released when done."""
-    slots = slots_lib.Slots(config, params, max_batch=max_batch, chunk=chunk)
+    slots = slots or slots_lib.Slots(config, params, max_batch=max_batch, chunk=chunk)
     out, waiting, where = [[] for _ in rows], list(range(len(rows))), {}
     while waiting or where:
         for b in slots.free():
@@ -80,6 +80,32 @@ def test_each_row_of_a_continuous_batch_equals_its_text_alone(variant):
                                 seed=seed, temperature=t, top_k=k, top_p=p)[choice]
         assert tokens == alone
     assert max(len(p) + n for p, *_, n in rows) > 2 * config.max_seq_len  # past the context
+
+
+def test_a_rows_tokens_are_the_same_in_every_row_bucket(monkeypatch):
+    """With 8 slots the 7 texts run in chunks of 1, 4 and 8 rows as they come and go
+    (idle rows padding the bucket); each text is still its text alone, token for token, as
+    with 3 slots; and once warmed up, nothing compiles however the batch grows and shrinks."""
+    from tests.test_decode import CompileCounter
+
+    config = _config("reprefill")
+    params = init_params(config, jax.random.key(1))
+    rows = _rows()
+    slots = slots_lib.Slots(config, params, max_batch=8, chunk=8)
+    assert slots.row_buckets == [1, 2, 4, 8]
+    slots.warm_up()
+    used, original = [], slots._run_rows
+    monkeypatch.setattr(slots, "_run_rows", lambda r: used.append(len(r)) or original(r))
+    counter = CompileCounter()
+    try:
+        # one at a time (bucket 1), then all together: 7 rows in bucket 8, then 4, then 1
+        alone = [batched(config, params, [row], slots=slots)[0] for row in rows]
+        together = batched(config, params, rows, slots=slots)
+    finally:
+        counter.close()
+    assert counter.count == 0
+    assert {1, 4, 8} <= set(used)  # 2 too, when exactly two rows are left
+    assert together == alone == batched(config, params, rows)
 
 
 def test_a_planted_bug_breaks_the_equality(monkeypatch):

@@ -5,7 +5,7 @@ and leaves when done; the others never wait for it.
     slots = Slots(config, params, max_batch=8)      the cache for 8 rows, allocated once
     slots.warm_up()                                 compiles every program requests will run
     token = slots.admit(b, prompt_ids, seed=, choice=, temperature=, top_k=, top_p=, limit=)
-    tokens_BK, made_B = slots.run_chunk()           CHUNK more tokens for every busy slot
+    tokens_BK, made_B = slots.run_chunk()           CHUNK more tokens for every live slot
     slots.release(b)
 
 Row b holds exactly what `decode.generate` holds for its text alone, so it samples the same
@@ -18,17 +18,21 @@ row, so rows need not be aligned, and a row's cache is never moved.
 
 - `admit` prefills one row (a program per prompt bucket, its cache row cut out of the batch
   cache and written back in place) and samples its first token.
-- `run_chunk` runs CHUNK decode steps for all B rows at once (one compiled `fori_loop`); a
-  row that is free, has ended (its end token, its `limit`), or has filled its cache under the
-  "reprefill" policy does not advance: its forward pass is computed and thrown away (its
-  write lands in a slot it will overwrite before reading).
+- `run_chunk` runs CHUNK decode steps for the live rows at once (one compiled `fori_loop`),
+  in the smallest row bucket R (1, 2, 4, ... max_batch) that holds them: their cache rows
+  are cut out of the batch cache, decoded and written back, so a lone request pays for one
+  row, not max_batch (a 16-row chunk cost ~8x a 1-row one on a 2-vCPU EPYC). A row in the
+  bucket that is idle (free, ended by its end token or `limit`, or waiting for a re-prefill)
+  does not advance: its forward pass is computed and thrown away (its write lands in a slot
+  it will overwrite before reading). A row's tokens are the same in any bucket: its matmul
+  rows, key and knobs are its own.
 - Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled by the
   host between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
   Under "roll" a row's cache is a ring and it never stops.
 
-Every program has fixed shapes (B = max_batch, the full S slots), so nothing compiles after
-warm_up, and memory is fixed at start-up: the cache plus at most S tokens of history per row.
-Attention reads all S slots of every row: a row's empty and stale slots are masked.
+Every program has fixed shapes (one chunk per row bucket, the full S slots), so nothing
+compiles after warm_up, and memory is fixed at start-up: the cache plus at most S tokens of
+history per row. Attention reads all S slots of every row: a row's empty and stale slots are masked.
 """
 
 from __future__ import annotations
@@ -128,6 +132,40 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
     return jax.lax.fori_loop(0, steps, step, (cache, rows, out_BK))
 
 
+def _rows_chunk(params, cache, slot_R, rows: _Rows, knobs, *, config: ModelConfig, steps: int):
+    """`_chunk` for the R cache rows `slot_R` (distinct slots) of the B-row cache: they are cut
+    out once, decoded `steps` tokens and written back, so the chunk costs R rows, not B. With
+    R = B the rows are all of them, in order, and the cache is used as it is. The other
+    slots are not touched. Returns (cache, rows, tokens_RK) as `_chunk` does for the R rows."""
+    G, R = config.kv_heads, slot_R.shape[0]
+    B = jax.tree.leaves(cache)[0].shape[0] // G
+    if R == B:
+        return _chunk(params, cache, rows, *knobs, config=config, steps=steps)
+
+    def take(x_NSK):
+        return x_NSK.reshape(B, G, *x_NSK.shape[1:])[slot_R].reshape(R * G, *x_NSK.shape[1:])
+
+    def put(x_NSK, new_NSK):
+        x_BGSK = x_NSK.reshape(B, G, *x_NSK.shape[1:])
+        new_RGSK = new_NSK.reshape(R, G, *x_NSK.shape[1:])
+        return x_BGSK.at[slot_R].set(new_RGSK, unique_indices=True).reshape(x_NSK.shape)
+
+    rows_cache, rows, out_RK = _chunk(params, jax.tree.map(take, cache), rows, *knobs,
+                                      config=config, steps=steps)
+    return jax.tree.map(put, cache, rows_cache), rows, out_RK
+
+
+def row_buckets(max_batch: int) -> list[int]:
+    """The chunk programs' row counts: the powers of two below max_batch, and max_batch. A
+    chunk runs the smallest that holds the live rows: a lone request pays for one row, and
+    there are log2(max_batch) + 1 programs to compile, once."""
+    out, R = [], 1
+    while R < max_batch:
+        out.append(R)
+        R *= 2
+    return out + [max_batch]
+
+
 @dataclasses.dataclass
 class _Slot:
     """The host's copy of one busy row: what a re-prefill needs and what the chunk reads."""
@@ -156,8 +194,18 @@ class Slots:
         self.slots: list[_Slot | None] = [None] * max_batch
         self.prefill = jax.jit(functools.partial(_prefill, config=self.config),
                                donate_argnums=1)
-        self.step = jax.jit(functools.partial(_chunk, config=self.config, steps=chunk),
-                            donate_argnums=1)
+        self.step = jax.jit(functools.partial(_rows_chunk, config=self.config, steps=chunk),
+                            donate_argnums=1)  # one program per row bucket (its shapes)
+        self.row_buckets = row_buckets(max_batch)
+        # Every row's knobs, as the chunk reads them (set at admit; a free row's are inert).
+        self.start = np.zeros(max_batch, np.int32)
+        self.seed = np.zeros(max_batch, np.int32)
+        self.choice = np.zeros(max_batch, np.int32)
+        self.limit = np.zeros(max_batch, np.int32)
+        self.temperature = np.zeros(max_batch, np.float32)
+        self.top_k = np.zeros(max_batch, np.int32)
+        self.top_p = np.ones(max_batch, np.float32)
+        self.eos = np.full(max_batch, -1, np.int32)
 
     # --- the programs ------------------------------------------------------------------------
     def buckets(self) -> list[int]:
@@ -173,11 +221,17 @@ class Slots:
         return sorted(out)
 
     def warm_up(self) -> None:
-        """Compiles the chunk and every prefill length (on slot 0, which stays free)."""
+        """Compiles every prefill length (on slot 0, which stays free) and the chunk at every
+        row bucket (on free rows, which do not advance)."""
         for P in self.buckets():
             self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
-        self.run_chunk()
+        for R in self.row_buckets:
+            self._run_rows(np.arange(R))
+
+    def bucket(self, rows: int) -> int:
+        """The smallest row bucket that holds `rows` rows."""
+        return next(R for R in self.row_buckets if R >= rows)
 
     def _run_prefill(self, b, tokens, start, seed, choice, i, knobs) -> int:
         temperature, top_k, top_p = knobs
@@ -200,6 +254,8 @@ class Slots:
         knobs = (temperature, top_k, top_p)
         token = self._run_prefill(b, tokens, start, seed, choice, 0, knobs)
         self.slots[b] = _Slot(start, seed, choice, limit, knobs, eos, tokens)
+        self.start[b], self.seed[b], self.choice[b], self.limit[b] = start, seed, choice, limit
+        self.temperature[b], self.top_k[b], self.top_p[b], self.eos[b] = *knobs, eos
         self.token[b], self.index[b], self.i[b] = token, len(tokens), 1
         self.live[b] = token != eos and limit > 1
         return token
@@ -215,7 +271,7 @@ class Slots:
         W = decode.keep_length(S)
         shift = S - W + 1
         tokens = slot.history[shift:] + [int(self.token[b])]
-        slot.start = max(slot.start - shift, 0)
+        slot.start = self.start[b] = max(slot.start - shift, 0)
         slot.history = tokens
         token = self._run_prefill(b, tokens, slot.start, slot.seed, slot.choice,
                                   int(self.i[b]), slot.knobs)
@@ -230,21 +286,16 @@ class Slots:
         if decode.window_policy(self.config) == "reprefill":
             for b in np.flatnonzero(self.live & (self.index >= self.S)):
                 reprefilled[int(b)] = self._reprefill(int(b))
-        fill = [s or _Slot(0, 0, 0, 0, (0.0, 0, 1.0), -1, []) for s in self.slots]
-        rows = _Rows(self.token, self.index, self.i, self.live)
+        out_BK = np.full((self.B, self.chunk), decode.PAD_ID, np.int32)
+        live = np.flatnonzero(self.live)
         before_i, before_token = self.i.copy(), self.token.copy()
-        self.cache, rows, out_BK = self.step(
-            self.params, self.cache, rows,
-            np.asarray([s.start for s in fill], np.int32),
-            np.asarray([s.seed for s in fill], np.int32),
-            np.asarray([s.choice for s in fill], np.int32),
-            np.asarray([s.limit for s in fill], np.int32),
-            np.asarray([s.knobs[0] for s in fill], np.float32),
-            np.asarray([s.knobs[1] for s in fill], np.int32),
-            np.asarray([s.knobs[2] for s in fill], np.float32),
-            np.asarray([s.eos for s in fill], np.int32))
-        out_BK = np.asarray(out_BK)
-        self.token, self.index, self.i, self.live = (np.array(x) for x in rows)
+        if len(live):
+            # The live rows, and as many idle ones as the bucket has room for (they do not
+            # advance; their writes land in slots they overwrite before reading them).
+            R = self.bucket(len(live))
+            idle = np.flatnonzero(~self.live)[:R - len(live)]
+            rows = np.arange(R) if R == self.B else np.sort(np.concatenate([live, idle]))
+            out_BK[rows] = self._run_rows(rows)
         made_B = self.i - before_i
         if decode.window_policy(self.config) == "reprefill":
             for b in np.flatnonzero(made_B):  # the tokens the chunk wrote into the cache
@@ -258,3 +309,15 @@ class Slots:
                     out_BK[b, :-1] = out_BK[b, 1:]
             made_B = made_B + np.asarray([b in reprefilled for b in range(self.B)])
         return out_BK, made_B
+
+    def _run_rows(self, rows) -> np.ndarray:
+        """One chunk for the cache rows `rows` (distinct, sorted); their new state is kept.
+        Returns their tokens_RK."""
+        knobs = (self.start[rows], self.seed[rows], self.choice[rows], self.limit[rows],
+                 self.temperature[rows], self.top_k[rows], self.top_p[rows], self.eos[rows])
+        state = _Rows(self.token[rows], self.index[rows], self.i[rows], self.live[rows])
+        self.cache, state, out_RK = self.step(self.params, self.cache,
+                                              np.asarray(rows, np.int32), state, knobs)
+        (self.token[rows], self.index[rows], self.i[rows], self.live[rows]), out_RK = (
+            jax.device_get((tuple(state), out_RK)))
+        return out_RK

@@ -19,10 +19,11 @@ its rows to the device thread and lets the next job start; other work (scoring, 
 inspect) runs on its job's thread. A job cancelled before any of its rows reached the device
 never runs (its future is cancelled).
 
-Compiled once, at warm_up: the batch's chunk program, the one-row prefill at every prompt
-bucket (and the re-prefill length), and the scoring and attention passes at every length
-bucket. The KV cache (max_batch rows x the context) is allocated when the engine is made, so
-memory does not grow with the load; nothing compiles per request.
+Compiled once, at warm_up: the chunk program at every row bucket (generate/slots.py), the
+one-row prefill at every prompt bucket (and the re-prefill length), and the scoring and
+attention passes at every length bucket. The KV cache (max_batch rows x the context) is
+allocated when the engine is made, so memory does not grow with the load; nothing compiles
+per request.
 """
 
 from __future__ import annotations
@@ -361,8 +362,8 @@ class Engine:
 
     # --- start-up ---------------------------------------------------------------------------
     def warm_up(self) -> float:
-        """Compiles, before the first request, the batch's chunk and the prefill at every
-        prompt bucket (generate/slots.py), and the scoring and attention passes at every
+        """Compiles, before the first request, the chunk at every row bucket and the prefill at
+        every prompt bucket (generate/slots.py), and the scoring and attention passes at every
         length bucket. Returns the seconds."""
         begin = time.perf_counter()
         self.slots.warm_up()
