@@ -26,6 +26,9 @@ from tests.test_resume import env_with
 
 pytest.importorskip("lm_eval")
 
+# Two harness runs of ~50 s each plus an export and a server: `-m slow` (.ci/run) runs it.
+pytestmark = pytest.mark.slow
+
 CHOICE_EN = [
     {"query": "the quick brown", "choices": ["fox", "dog", "boxes"], "gold": 0},
     {"query": "a lazy", "choices": ["dog", "wizards", "hex"], "gold": 0},
