@@ -26,6 +26,10 @@ from tests.test_resume import env_with
 
 pytest.importorskip("lm_eval")
 
+# Two harness runs, an export and a server (73 s of setup on a loaded 2-vCPU Zen 5, the
+# suite's longest fixture after test_cli's): `-m slow` (.ci/run) runs it.
+pytestmark = pytest.mark.slow
+
 CHOICE_EN = [
     {"query": "the quick brown", "choices": ["fox", "dog", "boxes"], "gold": 0},
     {"query": "a lazy", "choices": ["dog", "wizards", "hex"], "gold": 0},
