@@ -98,9 +98,7 @@ def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
     GFLOP/s), and there bf16 buys halved activations, not faster multiplies."""
     mode = _choice_in_subprocess("")
     f32, bf16 = _interleaved_matmul_rates()
-    cpu = next((line.split(":", 1)[1].strip() for line in matmul_auto._read_cpuinfo().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    rates = f"{cpu}: float32 {f32 / 1e9:.0f}, bf16 {bf16 / 1e9:.0f} GFLOP/s"
+    rates = f"{matmul_auto.cpu_model()}: float32 {f32 / 1e9:.0f}, bf16 {bf16 / 1e9:.0f} GFLOP/s"
     if mode == "fast_bf16":
         assert bf16 > 0.9 * f32, rates
     else:

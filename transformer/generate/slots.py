@@ -168,14 +168,9 @@ def row_buckets(max_batch: int) -> list[int]:
 
 @dataclasses.dataclass
 class _Slot:
-    """The host's copy of one busy row: what a re-prefill needs and what the chunk reads."""
-    start: int
-    seed: int
-    choice: int
-    limit: int
-    knobs: tuple           # temperature, top_k, top_p
-    eos: int
-    history: list          # the token in each filled slot (re-prefill policy only)
+    """A busy row's history: the token in each filled slot (what a re-prefill reads; its
+    knobs are in the Slots' per-row arrays, which the chunk reads too)."""
+    history: list
 
 
 class Slots:
@@ -253,7 +248,7 @@ class Slots:
         tokens, start = prompt_BP[0].tolist(), int(start_B[0])
         knobs = (temperature, top_k, top_p)
         token = self._run_prefill(b, tokens, start, seed, choice, 0, knobs)
-        self.slots[b] = _Slot(start, seed, choice, limit, knobs, eos, tokens)
+        self.slots[b] = _Slot(tokens)
         self.start[b], self.seed[b], self.choice[b], self.limit[b] = start, seed, choice, limit
         self.temperature[b], self.top_k[b], self.top_p[b], self.eos[b] = *knobs, eos
         self.token[b], self.index[b], self.i[b] = token, len(tokens), 1
@@ -271,12 +266,13 @@ class Slots:
         W = decode.keep_length(S)
         shift = S - W + 1
         tokens = slot.history[shift:] + [int(self.token[b])]
-        slot.start = self.start[b] = max(slot.start - shift, 0)
+        self.start[b] = max(int(self.start[b]) - shift, 0)
         slot.history = tokens
-        token = self._run_prefill(b, tokens, slot.start, slot.seed, slot.choice,
-                                  int(self.i[b]), slot.knobs)
+        knobs = (float(self.temperature[b]), int(self.top_k[b]), float(self.top_p[b]))
+        token = self._run_prefill(b, tokens, int(self.start[b]), int(self.seed[b]),
+                                  int(self.choice[b]), int(self.i[b]), knobs)
         self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
-        self.live[b] = token != slot.eos and self.i[b] < slot.limit
+        self.live[b] = token != self.eos[b] and self.i[b] < self.limit[b]
         return token
 
     def run_chunk(self) -> tuple[np.ndarray, np.ndarray]:

@@ -401,13 +401,7 @@ def _machine() -> dict:
             "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__,
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "isa": _isa()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info["cpu"] = matmul_auto.cpu_model()
     try:
         import torch
         info["torch"] = torch.__version__

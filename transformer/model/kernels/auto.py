@@ -69,6 +69,16 @@ def decide_cpu(flags: set[str], cap: str | None) -> Choice:
                               "would be slower than float32")
 
 
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo's first `model name`), for every published timing."""
+    text = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    match = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
+    if match:
+        return match.group(1).strip()
+    import platform
+    return platform.processor() or "unknown CPU"
+
+
 def _read_cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as f:
