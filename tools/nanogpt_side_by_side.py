@@ -5,16 +5,22 @@
 
 1. runs this project's `python train.py` (the README's first command's training, in a fresh
    workdir and a fresh data cache, so it prepares the quick start's data itself) and times it;
-2. writes that prepared set's train and validation shards in nanoGPT's layout
+2. writes the same text's train and validation shards in nanoGPT's layout
    (`data/<dataset>/train.bin`, `val.bin` as uint16, `meta.pkl` with the vocabulary) inside a
    scratch folder that links to nanoGPT's own `train.py`, `model.py`, `configurator.py` and
-   `config/` (nothing of nanoGPT is copied, here or into the project);
+   `config/` (nothing of nanoGPT is copied, here or into the project). nanoGPT's README recipe
+   is character-level, so by default it gets the text as byte tokens (the quick start's text
+   and split, prepared by our cache with `data.tokenizer=byte`: vocabulary 257);
+   `--nanogpt_data=ours` hands it our run's own prepared set instead (BPE tokens since the
+   quick start uses them), which tells the tokenizer's share of the gap from the recipe's;
 3. runs nanoGPT's `train.py` there with its README's CPU flags, word for word, plus
    `--dataset` and `--out_dir`, and times it;
 4. scores nanoGPT's saved checkpoint on the whole validation split (every token a target
    once, windows of its context) with nanoGPT's own model code, since its printed val loss is
    an estimate from 20 random batches; our run's final val loss covers the whole split too;
-5. prints both val losses, both wall times and the CPU (model, family/model numbers, ISA).
+5. prints both val losses in nats per byte of the same validation text (each run's nats
+   per token times its set's tokens per byte: the only unit in which runs with different
+   tokenizers compare), both wall times and the CPU (model, family/model numbers, ISA).
 
 It needs torch (the test extra) and a nanoGPT checkout; without either it prints one
 `skipped:` line and exits 0. Run it on a quiet machine: the two runs share the same cores.
@@ -22,7 +28,9 @@ It needs torch (the test extra) and a nanoGPT checkout; without either it prints
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import pickle
 import re
@@ -49,6 +57,10 @@ _OURS = flags.DEFINE_multi_string("ours", [], "Extra flags for our train.py (rep
 _NANO_EXTRA = flags.DEFINE_multi_string(
     "nanogpt_flag", [], "Extra flags after nanoGPT's README ones (repeatable), e.g. "
     "--nanogpt_flag=--max_iters=20 for a quick try; the published comparison uses none.")
+_DATA = flags.DEFINE_enum(
+    "nanogpt_data", "byte", ["byte", "ours"],
+    "What nanoGPT trains on: byte, the same text as byte tokens (its recipe is character-level; "
+    "the published comparison), or ours, our run's own prepared set (its tokenizer).")
 _WORK = flags.DEFINE_string("work", None, "Scratch folder (default: a temporary one, removed).")
 
 
@@ -125,6 +137,34 @@ print(f"{total / (n * T)} {n * T} {ckpt['iter_num']}")
 """
 
 
+def byte_set(ours_flags: list[str]) -> Path:
+    """The quick start's text and split as byte tokens: configs/default.py's data fields with
+    ours' `--config.data.*` overrides, `data.tokenizer=byte`, prepared by our cache (under
+    TRANSFORMER_CACHE, which the caller points at the scratch folder)."""
+    from transformer import data
+    from transformer.train import start
+    spec = importlib.util.spec_from_file_location("_default_config",
+                                                  ROOT / "configs" / "default.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    for flag in ours_flags:
+        key, _, value = flag.removeprefix("--config.").partition("=")
+        if key.startswith("data."):
+            config.update_from_flattened_dict({key: type(config[key.split(".")[0]][
+                key.split(".")[1]])(value)})
+    config.data.tokenizer = "byte"
+    config, _ = start.resolve_config(config)
+    _, source = data.load(config)
+    return source.folder
+
+
+def tokens_per_byte(prepared: Path) -> float:
+    """Validation tokens per byte of validation text, from the prepared set's manifest."""
+    val = json.loads((prepared / "manifest.json").read_text())["splits"]["val"]
+    return val["tokens"] / val["bytes"]
+
+
 def nanogpt_val_estimates(log: str) -> list[tuple[int, float]]:
     """(step, val loss) from nanoGPT's 'step N: train loss X, val loss Y' lines."""
     return [(int(s), float(v)) for s, v in
@@ -142,20 +182,23 @@ def _run(cmd, cwd, env=None) -> tuple[float, str]:
 
 
 def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
-                 nanogpt_flags: list[str] = ()) -> dict:
+                 nanogpt_flags: list[str] = (), nanogpt_data: str = "byte") -> dict:
     env = dict(os.environ, TRANSFORMER_CACHE=str(work / "cache"))
     ours_cmd = [sys.executable, "train.py", f"--workdir={work / 'ours'}", "--no_progress",
                 *ours_flags]
     print(f"... ours: {' '.join(ours_cmd[1:])}", flush=True)
     ours_wall, ours_log = _run(ours_cmd, ROOT, env)
     trained = re.findall(r"trained steps \d+\.\.\d+ in ([\d.]+)s", ours_log)
-    vals = [json.loads(line)["val_loss"] for line in (work / "ours" / "metrics.jsonl")
-            .read_text().splitlines() if "val_loss" in line]
+    evals = [json.loads(line) for line in (work / "ours" / "metrics.jsonl")
+             .read_text().splitlines() if "val_bpb" in line]
     manifests = list((work / "cache").rglob("manifest.json"))
     if len(manifests) != 1:
         raise SystemExit(f"error: expected one prepared set in {work / 'cache'}, found "
                          f"{len(manifests)}")
     prepared = manifests[0].parent
+    if nanogpt_data == "byte":
+        os.environ["TRANSFORMER_CACHE"] = str(work / "cache")
+        prepared = byte_set(ours_flags)
 
     run_dir = work / "nanogpt"
     run_dir.mkdir()
@@ -171,12 +214,16 @@ def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
                          str(run_dir / "out" / "ckpt.pt"),
                          str(run_dir / "data" / DATASET / "val.bin")], run_dir)
     nano_val, val_tokens, ckpt_step = scored.split()[-3:]
+    ours_last = evals[-1] if evals else {}
     return {"cpu": cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
+            "nanogpt_data": nanogpt_data,
             "ours": {"command": "python train.py " + " ".join(ours_flags),
                      "wall_s": ours_wall, "train_s": float(trained[-1]) if trained else None,
-                     "val_loss": vals[-1] if vals else None},
+                     "val_loss": ours_last.get("val_loss"),
+                     "nats_per_byte": ours_last["val_bpb"] * math.log(2) if evals else None},
             "nanogpt": {"command": "python train.py " + " ".join(flags_),
                         "wall_s": nano_wall, "val_loss_full": float(nano_val),
+                        "nats_per_byte": float(nano_val) * tokens_per_byte(prepared),
                         "checkpoint_step": int(ckpt_step),
                         "val_loss_estimate": estimates[-1][1] if estimates else None}}
 
@@ -185,14 +232,18 @@ def report(r: dict) -> str:
     o, n = r["ours"], r["nanogpt"]
     return "\n".join([
         f"CPU: {r['cpu']}",
-        f"data: the quick start's prepared set, vocabulary {r['vocab']}, "
-        f"{r['val_tokens']:,} validation tokens scored",
-        f"{'':10} {'val loss':>9} {'wall s':>8} {'train s':>8}",
-        f"{'ours':10} {o['val_loss']:9.4f} {o['wall_s']:8.1f} {o['train_s'] or float('nan'):8.1f}",
-        f"{'nanoGPT':10} {n['val_loss_full']:9.4f} {n['wall_s']:8.1f} {'':>8}"
+        f"data: the quick start's text; nanoGPT read "
+        + ("it as byte tokens" if r["nanogpt_data"] == "byte" else "our prepared set")
+        + f" (vocabulary {r['vocab']}, {r['val_tokens']:,} validation tokens scored)",
+        "val loss: nats per byte of the same validation text (nats per token in brackets)",
+        f"{'':10} {'val loss':>18} {'wall s':>8} {'train s':>8}",
+        f"{'ours':10} {o['nats_per_byte']:9.4f} ({o['val_loss']:6.4f}) {o['wall_s']:8.1f} "
+        f"{o['train_s'] or float('nan'):8.1f}",
+        f"{'nanoGPT':10} {n['nats_per_byte']:9.4f} ({n['val_loss_full']:6.4f}) "
+        f"{n['wall_s']:8.1f} {'':>8}"
         f"   (its own 20-batch estimate: {n['val_loss_estimate']}; checkpoint of step "
         f"{n['checkpoint_step']})",
-        f"ratios ours/nanoGPT: val loss {o['val_loss'] / n['val_loss_full']:.3f}, "
+        f"ratios ours/nanoGPT: val loss {o['nats_per_byte'] / n['nats_per_byte']:.3f}, "
         f"wall time {o['wall_s'] / n['wall_s']:.3f}",
     ])
 
@@ -208,10 +259,11 @@ def main(argv):
     if _WORK.value:
         work = Path(_WORK.value)
         work.mkdir(parents=True, exist_ok=False)
-        result = side_by_side(nanogpt, work, _OURS.value, _NANO_EXTRA.value)
+        result = side_by_side(nanogpt, work, _OURS.value, _NANO_EXTRA.value, _DATA.value)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            result = side_by_side(nanogpt, Path(tmp), _OURS.value, _NANO_EXTRA.value)
+            result = side_by_side(nanogpt, Path(tmp), _OURS.value, _NANO_EXTRA.value,
+                                  _DATA.value)
     print(report(result))
     print(json.dumps(result))
 
