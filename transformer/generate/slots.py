@@ -26,8 +26,12 @@ row, so rows need not be aligned, and a row's cache is never moved.
   does not advance: its forward pass is computed and thrown away (its write lands in a slot
   it will overwrite before reading). A row's tokens are the same in any bucket: its matmul
   rows, key and knobs are its own.
-- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled by the
-  host between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
+- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled
+  between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
+  Every row that filled by the same chunk is re-prefilled in one call, compiled per row bucket
+  as the chunk is (a bucket's spare rows repeat one of them: the same writes twice), not
+  one one-row call each (at 8 clients asking past the context those took ~40% of the
+  device thread).
   Under "roll" a row's cache is a ring and it never stops.
 
 Every program has fixed shapes (one chunk per row bucket, the full S slots), so nothing
@@ -246,8 +250,8 @@ class Slots:
         return sorted(out)
 
     def warm_up(self) -> None:
-        """Compiles every prefill length (on slot 0, which stays free) and the chunk at every
-        row bucket (on free rows, which do not advance)."""
+        """Compiles every prefill length (on slot 0, which stays free), and the chunk and the
+        re-prefill at every row bucket (on free rows, which do not advance)."""
         for P in self.buckets():
             self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
