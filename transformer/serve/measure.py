@@ -15,7 +15,7 @@ the prompt "def "), about `--tokens_per_client` tokens per round in all. Two tab
   what a long generation costs.
 Per round: tokens/s is every token the server made (its /health counter) over the round's
 wall time; CPU per token is the CPU time the server process (when this command started it)
-and the measuring clients used over the tokens made: unlike tokens/s it does not depend on
+and the measuring clients used over the tokens made: it depends far less than tokens/s on
 what else runs on the machine, so it compares servers on a shared one; time to first token
 (TTFT) is from sending a request to its first piece of text;
 latency from sending it to its `[DONE]`. Figures are medians over `--repeats` rounds
