@@ -209,6 +209,22 @@ def test_models_and_health(server, client):
     assert health["status"] == "ok" and health["step"] == 60
 
 
+def test_measure_asks_for_what_fits_in_the_context_and_counts_cpu_per_token(server):
+    """serve.measure's headline asks for the new tokens that fit after its prompt (the
+    context minus the prompt's tokens: no request slides the window), and its round reports
+    every token the server made, with the server's CPU per token when it knows its pid."""
+    import os
+
+    from transformer.serve import measure
+
+    context = httpx.get(f"{server}/v1/models", timeout=10).json()["data"][0]["context_length"]
+    fits = measure.in_context_tokens(server)
+    assert fits == context - len(measure.PROMPT)  # a byte tokenizer: one token a byte
+    rate, timings, server_ms, client_ms = measure.one_round(server, 2, 1, fits, pid=os.getpid())
+    assert rate > 0 and len(timings) == 2 and server_ms > 0 and client_ms >= 0
+    assert measure.cpu_seconds(None) == 0.0
+
+
 def test_concurrent_clients_each_get_their_own_text(client):
     requests = [dict(prompt=p, seed=s, max_tokens=24, temperature=1.0)
                 for p in ("the ", "a lazy ") for s in range(4)]

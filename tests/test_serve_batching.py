@@ -108,6 +108,38 @@ def test_a_rows_tokens_are_the_same_in_every_row_bucket(monkeypatch):
     assert together == alone == batched(config, params, rows)
 
 
+def test_rows_that_fill_together_are_re_prefilled_in_one_call_with_their_tokens_alone(
+        monkeypatch):
+    """Texts of the same prompt length admitted together fill their cache at the same chunk:
+    their re-prefills run as one call of a row bucket (3 rows in bucket 4, the padding a
+    repeated row), and each text is still its text alone, token for token, with nothing
+    compiled after warm-up."""
+    from tests.test_decode import CompileCounter
+
+    config = _config("reprefill")
+    params = init_params(config, jax.random.key(1))
+    rng = np.random.default_rng(1)
+    rows = [(rng.integers(1, 64, 5).tolist(), seed, choice, t, k, p, 90)
+            for seed, choice, t, k, p in [(0, 0, 0.0, 0, 1.0), (1, 1, 1.0, 0, 0.9),
+                                          (2, 0, 0.8, 6, 1.0)]]
+    slots = slots_lib.Slots(config, params, max_batch=4, chunk=8)
+    slots.warm_up()
+    calls, original = [], slots._run_reprefill
+    monkeypatch.setattr(slots, "_run_reprefill",
+                        lambda need, tokens: calls.append(len(need)) or original(need, tokens))
+    counter = CompileCounter()
+    try:
+        got = batched(config, params, rows, slots=slots)
+    finally:
+        counter.close()
+    assert counter.count == 0
+    assert 3 in calls  # all three in one call, more than once (90 tokens, a 32-slot context)
+    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
+        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
+                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
+        assert tokens == alone
+
+
 def test_a_planted_bug_breaks_the_equality(monkeypatch):
     """The check can fail: keys drawn for choice 0 whatever the choice, or one slot index
     for every row (the first row's), each change some row's text."""

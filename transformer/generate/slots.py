@@ -26,8 +26,12 @@ row, so rows need not be aligned, and a row's cache is never moved.
   does not advance: its forward pass is computed and thrown away (its write lands in a slot
   it will overwrite before reading). A row's tokens are the same in any bucket: its matmul
   rows, key and knobs are its own.
-- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled by the
-  host between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
+- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled
+  between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
+  Every row that filled by the same chunk is re-prefilled in one call, compiled per row bucket
+  as the chunk is (a bucket's spare rows repeat one of them: the same writes twice), not
+  one one-row call each (at 8 clients asking past the context those took ~40% of the
+  device thread).
   Under "roll" a row's cache is a ring and it never stops.
 
 Every program has fixed shapes (one chunk per row bucket, the full S slots), so nothing
@@ -89,6 +93,43 @@ def _prefill(params, cache, row, tokens_1P, start, seed, choice, i, temperature,
     return cache, token
 
 
+def _take_rows(cache, slot_R, G: int):
+    """The cache rows `slot_R` of a B-row cache (every layer's [B·G, S, K] arrays)."""
+    def take(x_NSK):
+        B = x_NSK.shape[0] // G
+        R = slot_R.shape[0]
+        return x_NSK.reshape(B, G, *x_NSK.shape[1:])[slot_R].reshape(R * G, *x_NSK.shape[1:])
+    return jax.tree.map(take, cache)
+
+
+def _put_rows(cache, slot_R, rows_cache, G: int, unique: bool = True):
+    """`rows_cache` written back over the cache rows `slot_R` (in place under donation).
+    With `unique=False` a slot may repeat, with the same rows each time."""
+    def put(x_NSK, new_NSK):
+        B, R = x_NSK.shape[0] // G, slot_R.shape[0]
+        x_BGSK = x_NSK.reshape(B, G, *x_NSK.shape[1:])
+        new_RGSK = new_NSK.reshape(R, G, *x_NSK.shape[1:])
+        return x_BGSK.at[slot_R].set(new_RGSK, unique_indices=unique).reshape(x_NSK.shape)
+    return jax.tree.map(put, cache, rows_cache)
+
+
+def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, seed_R, choice_R, i_R,
+                    temperature_R, top_k_R, top_p_R, *, config: ModelConfig):
+    """`_prefill` for R rows at once, all W long (a re-prefill's length), each at its own
+    cache row `slot_R[r]` (a slot may repeat: the bucket's padding repeats a row, whose
+    writes are then the same), with its own positions, key and knobs. Returns (cache,
+    token_R). Each row's token is the one its one-row prefill gives: its matmul rows, key
+    and knobs are its own (sample_rows, as the chunk samples)."""
+    G, R = config.kv_heads, slot_R.shape[0]
+    rows_cache = _take_rows(cache, slot_R, G)
+    logits_RWV, rows_cache = decode._forward(config, params, tokens_RW, rows_cache, 0, start_R)
+    cache = _put_rows(cache, slot_R, rows_cache, G, unique=False)
+    keys = [jax.random.wrap_key_data(jnp.tile(_row_key(seed_R[r], choice_R[r], i_R[r]), 2),
+                                     impl="unsafe_rbg") for r in range(R)]
+    token_R = sampling.sample_rows(logits_RWV[:, -1], keys, temperature_R, top_k_R, top_p_R)
+    return cache, token_R
+
+
 class _Rows(NamedTuple):
     """The per-row state a chunk reads and advances (arrays of B)."""
     token: jax.Array    # the last token sampled, not yet in the cache
@@ -141,18 +182,9 @@ def _rows_chunk(params, cache, slot_R, rows: _Rows, knobs, *, config: ModelConfi
     B = jax.tree.leaves(cache)[0].shape[0] // G
     if R == B:
         return _chunk(params, cache, rows, *knobs, config=config, steps=steps)
-
-    def take(x_NSK):
-        return x_NSK.reshape(B, G, *x_NSK.shape[1:])[slot_R].reshape(R * G, *x_NSK.shape[1:])
-
-    def put(x_NSK, new_NSK):
-        x_BGSK = x_NSK.reshape(B, G, *x_NSK.shape[1:])
-        new_RGSK = new_NSK.reshape(R, G, *x_NSK.shape[1:])
-        return x_BGSK.at[slot_R].set(new_RGSK, unique_indices=True).reshape(x_NSK.shape)
-
-    rows_cache, rows, out_RK = _chunk(params, jax.tree.map(take, cache), rows, *knobs,
+    rows_cache, rows, out_RK = _chunk(params, _take_rows(cache, slot_R, G), rows, *knobs,
                                       config=config, steps=steps)
-    return jax.tree.map(put, cache, rows_cache), rows, out_RK
+    return _put_rows(cache, slot_R, rows_cache, G), rows, out_RK
 
 
 def row_buckets(max_batch: int) -> list[int]:
@@ -191,6 +223,8 @@ class Slots:
                                donate_argnums=1)
         self.step = jax.jit(functools.partial(_rows_chunk, config=self.config, steps=chunk),
                             donate_argnums=1)  # one program per row bucket (its shapes)
+        self.reprefill = jax.jit(functools.partial(_reprefill_rows, config=self.config),
+                                 donate_argnums=1)  # one program per row bucket
         self.row_buckets = row_buckets(max_batch)
         # Every row's knobs, as the chunk reads them (set at admit; a free row's are inert).
         self.start = np.zeros(max_batch, np.int32)
@@ -216,13 +250,15 @@ class Slots:
         return sorted(out)
 
     def warm_up(self) -> None:
-        """Compiles every prefill length (on slot 0, which stays free) and the chunk at every
-        row bucket (on free rows, which do not advance)."""
+        """Compiles every prefill length (on slot 0, which stays free), and the chunk and the
+        re-prefill at every row bucket (on free rows, which do not advance)."""
         for P in self.buckets():
             self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
         for R in self.row_buckets:
             self._run_rows(np.arange(R))
+            if decode.window_policy(self.config) == "reprefill":
+                self._run_reprefill([0] * R, [[decode.PAD_ID] * decode.keep_length(self.S)] * R)
 
     def bucket(self, rows: int) -> int:
         """The smallest row bucket that holds `rows` rows."""
@@ -259,29 +295,48 @@ class Slots:
         self.slots[b] = None
         self.live[b] = False
 
-    def _reprefill(self, b: int) -> int:
-        """Slot b's S slots are full: its last W tokens (the unwritten one included) into
-        slots 0 .. W-1 with positions from 0, and its next token (decode's `reprefill`)."""
-        slot, S = self.slots[b], self.S
+    def _reprefill(self, need) -> dict[int, int]:
+        """Slots `need` have their S slots full: each one's last W tokens (the unwritten one
+        included) into its slots 0 .. W-1 with positions from 0, and its next token
+        (decode's `reprefill`), all in one call of the smallest row bucket that holds them.
+        Returns {slot: its token}."""
+        S = self.S
         W = decode.keep_length(S)
         shift = S - W + 1
-        tokens = slot.history[shift:] + [int(self.token[b])]
-        self.start[b] = max(int(self.start[b]) - shift, 0)
-        slot.history = tokens
-        knobs = (float(self.temperature[b]), int(self.top_k[b]), float(self.top_p[b]))
-        token = self._run_prefill(b, tokens, int(self.start[b]), int(self.seed[b]),
-                                  int(self.choice[b]), int(self.i[b]), knobs)
-        self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
-        self.live[b] = token != self.eos[b] and self.i[b] < self.limit[b]
-        return token
+        tokens = []
+        for b in need:
+            slot = self.slots[b]
+            slot.history = slot.history[shift:] + [int(self.token[b])]
+            self.start[b] = max(int(self.start[b]) - shift, 0)
+            tokens.append(slot.history)
+        token_R = self._run_reprefill(need, tokens)
+        for b, token in zip(need, token_R):
+            self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
+            self.live[b] = token != self.eos[b] and self.i[b] < self.limit[b]
+        return dict(zip(need, token_R))
+
+    def _run_reprefill(self, need, tokens) -> list[int]:
+        """One re-prefill call for the slots `need` (their W tokens each), padded to a row
+        bucket by repeating the first slot (its writes land twice, the same). Returns the
+        tokens of `need`."""
+        n = len(need)
+        R = self.bucket(n)
+        rows = np.asarray(list(need) + [need[0]] * (R - n), np.int32)
+        tokens_RW = np.asarray(list(tokens) + [tokens[0]] * (R - n), np.int32)
+        self.cache, token_R = self.reprefill(
+            self.params, self.cache, rows, tokens_RW, self.start[rows], self.seed[rows],
+            self.choice[rows], self.i[rows], self.temperature[rows], self.top_k[rows],
+            self.top_p[rows])
+        return np.asarray(token_R)[:n].tolist()
 
     def run_chunk(self) -> tuple[np.ndarray, np.ndarray]:
         """Up to `chunk` new tokens for every live row. Returns (tokens_BK, made_B): row b's
         new tokens are tokens_BK[b, :made_B[b]] (a re-prefill's token first, if it had one)."""
         reprefilled = {}
         if decode.window_policy(self.config) == "reprefill":
-            for b in np.flatnonzero(self.live & (self.index >= self.S)):
-                reprefilled[int(b)] = self._reprefill(int(b))
+            need = np.flatnonzero(self.live & (self.index >= self.S)).tolist()
+            if need:
+                reprefilled = self._reprefill(need)
         out_BK = np.full((self.B, self.chunk), decode.PAD_ID, np.int32)
         live = np.flatnonzero(self.live)
         before_i, before_token = self.i.copy(), self.token.copy()

@@ -19,8 +19,8 @@ its rows to the device thread and lets the next job start; other work (scoring, 
 inspect) runs on its job's thread. A job cancelled before any of its rows reached the device
 never runs (its future is cancelled).
 
-Compiled once, at warm_up: the chunk program at every row bucket (generate/slots.py), the
-one-row prefill at every prompt bucket (and the re-prefill length), and the scoring and
+Compiled once, at warm_up: the chunk program and the re-prefill at every row bucket
+(generate/slots.py), the one-row prefill at every prompt bucket, and the scoring and
 attention passes at every length bucket. The KV cache (max_batch rows x the context) is
 allocated when the engine is made, so memory does not grow with the load; nothing compiles
 per request.
