@@ -337,7 +337,7 @@ def _equals_optax_per_matrix(orthogonalize) -> bool:
     return True
 
 
-def test_batched_newton_schulz_equals_optax_matrix_by_matrix():
+def test_batched_newton_schulz_equals_optax_matrix_by_matrix(monkeypatch):
     """muon.orthogonalize stacks same-shaped matrices into one batched Newton-Schulz; each
     matrix must still come out as optax orthogonalises it alone (up to float rounding). A
     planted mistake, normalising the stack by its joint norm instead of each matrix by its
@@ -345,17 +345,33 @@ def test_batched_newton_schulz_equals_optax_matrix_by_matrix():
     from transformer.train import muon
     assert _equals_optax_per_matrix(muon.orthogonalize)
 
-    real = muon.newton_schulz
-
-    def joint_norm(x_NRC, coeffs, ns_steps, eps=1e-8):
+    def joint_norm(x_NRC, coeffs, ns_steps, eps=1e-8, dtype=None):
         return muon.iterate(x_NRC / (jnp.sqrt(jnp.sum(jnp.square(x_NRC))) + eps), coeffs,
-                            ns_steps)
+                            ns_steps, dtype)
 
-    try:
-        muon.newton_schulz = joint_norm
-        assert not _equals_optax_per_matrix(muon.orthogonalize)
-    finally:
-        muon.newton_schulz = real
+    monkeypatch.setattr(muon, "newton_schulz", joint_norm)
+    assert not _equals_optax_per_matrix(muon.orthogonalize)
+
+
+def test_bfloat16_newton_schulz_rounds_only_the_matmul_inputs():
+    """train.muon_ns_dtype=bfloat16 reaches the Newton-Schulz matmuls: the update differs from
+    the float32 one by bfloat16 rounding (not more: the iterate stays float32), and it is
+    still as orthogonal (singular values in optax's 0.5-1.5 band)."""
+    params = {"block_0": {"mlp": {"project": {"kernel": jnp.zeros((64, 32))}}}}
+    grads = {"block_0": {"mlp": {"project": {"kernel": jax.random.normal(jax.random.key(1),
+                                                                          (64, 32))}}}}
+
+    def update(dtype):
+        (u,) = _updates(optimizer.make_optimizer(_muon_config(muon_lr=1.0,
+                                                              muon_ns_dtype=dtype)),
+                        params, [grads])
+        return np.asarray(u["block_0"]["mlp"]["project"]["kernel"])
+
+    f32, bf16 = update("float32"), update("bfloat16")
+    assert not np.array_equal(f32, bf16)
+    assert np.abs(f32 - bf16).max() < 0.05 * np.abs(f32).max()
+    s = np.linalg.svd(bf16, compute_uv=False)
+    assert s.min() > 0.5 and s.max() < 1.5
 
 
 def test_muon_and_adamw_each_follow_the_schedule_from_their_own_peak():

@@ -63,26 +63,35 @@ def _to_matrices(x, dims):
     return m, back
 
 
-def newton_schulz(x_NRC, coeffs, ns_steps: int, eps: float = 1e-8):
+def newton_schulz(x_NRC, coeffs, ns_steps: int, eps: float = 1e-8, dtype=None):
     """optax's Frobenius-preconditioned quintic Newton-Schulz, on a stack of N matrices
     [N, R, C] (R <= C) at once: each matrix is normalised and iterated on its own."""
     norm_N11 = jnp.sqrt(jnp.sum(jnp.square(x_NRC), axis=(1, 2), keepdims=True))
-    return iterate(x_NRC / (norm_N11 + eps), coeffs, ns_steps)
+    return iterate(x_NRC / (norm_N11 + eps), coeffs, ns_steps, dtype)
 
 
-def iterate(x_NRC, coeffs, ns_steps: int):
-    """The quintic iteration alone, each matrix of the stack on its own."""
+def iterate(x_NRC, coeffs, ns_steps: int, dtype=None):
+    """The quintic iteration alone, each matrix of the stack on its own. `dtype` (default:
+    x's) is the matmuls' input dtype; they accumulate, and the iterate stays, in x's dtype
+    (bfloat16 inputs: the rounding modded-nanogpt's GPU Muon runs its whole iteration in)."""
     c = coeffs.astype(x_NRC.dtype)
+
+    def dot(spec, a, b):
+        if dtype is None or dtype == x_NRC.dtype:
+            return jnp.einsum(spec, a, b)
+        return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                          preferred_element_type=x_NRC.dtype)
+
     for _ in range(ns_steps):
-        a_NRR = jnp.einsum("nrc,nsc->nrs", x_NRC, x_NRC)  # X Xᵀ
-        b_NRR = c[1] * a_NRR + c[2] * jnp.einsum("nrs,nst->nrt", a_NRR, a_NRR)
-        x_NRC = c[0] * x_NRC + jnp.einsum("nrs,nsc->nrc", b_NRR, x_NRC)
+        a_NRR = dot("nrc,nsc->nrs", x_NRC, x_NRC)  # X Xᵀ
+        b_NRR = c[1] * a_NRR + c[2] * dot("nrs,nst->nrt", a_NRR, a_NRR)
+        x_NRC = c[0] * x_NRC + dot("nrs,nsc->nrc", b_NRR, x_NRC)
     return x_NRC
 
 
-def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8):
+def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8, dtype=None):
     """Every matrix of `tree` (as `dims_tree`'s MuonDimensionNumbers see it) orthogonalised,
-    matrices of one shape and dtype in one batched Newton-Schulz."""
+    matrices of one shape and dtype in one batched Newton-Schulz (matmul inputs in `dtype`)."""
     leaves, treedef = jax.tree.flatten(tree)
     dims = treedef.flatten_up_to(dims_tree)
     matrices, backs = zip(*(_to_matrices(x, d) for x, d in zip(leaves, dims))) if leaves else ((), ())
@@ -93,7 +102,7 @@ def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8):
     for members in groups.values():
         stacked = jnp.concatenate([matrices[i] for i in members]) if len(members) > 1 else (
             matrices[members[0]])
-        done = newton_schulz(stacked, coeffs, ns_steps, eps)
+        done = newton_schulz(stacked, coeffs, ns_steps, eps, dtype)
         offsets = [0]
         for i in members:
             offsets.append(offsets[-1] + matrices[i].shape[0])
@@ -103,10 +112,11 @@ def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8):
 
 
 def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
-                  eps: float = 1e-8) -> optax.GradientTransformation:
+                  eps: float = 1e-8, ns_dtype=None) -> optax.GradientTransformation:
     """optax.contrib.scale_by_muon (its default coefficients and preconditioning), with the
     orthogonalisation batched by `orthogonalize`; `dims_fn(updates)` gives each leaf's
-    MuonDimensionNumbers. The state is optax's."""
+    MuonDimensionNumbers, `ns_dtype` the Newton-Schulz matmuls' input dtype (None: the
+    updates'). The state is optax's."""
     reference = _optax_scale_by_muon(beta=beta, nesterov=nesterov, ns_steps=ns_steps, eps=eps,
                                      weight_dimension_numbers=dims_fn)
 
@@ -122,7 +132,8 @@ def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
                 optax.tree.bias_correction(updates, beta, count))
         else:
             mu_hat = optax.tree.bias_correction(mu, beta, count)
-        updates = orthogonalize(mu_hat, dims_fn(updates), state.ns_coeffs, ns_steps, eps)
+        updates = orthogonalize(mu_hat, dims_fn(updates), state.ns_coeffs, ns_steps, eps,
+                               ns_dtype)
         return updates, MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(reference.init, update)

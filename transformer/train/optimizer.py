@@ -172,7 +172,8 @@ def _muon(t) -> optax.GradientTransformation:
         return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), updates)
 
     return optax.chain(
-        muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims),
+        muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
+                           ns_dtype=jnp.dtype(t.muon_ns_dtype)),
         _scale_by_width(dims),
         optax.add_decayed_weights(t.muon_weight_decay),
         optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
