@@ -310,6 +310,70 @@ def test_with_scanned_layers_each_layer_is_its_own_matrix():
                            rtol=1e-3)
 
 
+def _matrices_for_batching():
+    """Kernels of mixed shapes as the batched Newton-Schulz groups them: two [D, H, K] per-head
+    kernels and a wide [D, F] (one group of 16 x 16 after reshaping with the [H, K, D] one),
+    a tall [F, D] that must be transposed into the wide group, and a scan-stacked
+    [L, D, H, K] whose layer axis is a batch axis."""
+    shapes = {"q": (16, 2, 8), "k": (16, 2, 8), "o": (2, 8, 16), "up": (16, 40),
+              "down": (40, 16), "stacked_q": (3, 16, 2, 8)}
+    dims = {"q": optimizer._QKV, "k": optimizer._QKV, "o": optimizer._OUT,
+            "up": optimizer._DENSE, "down": optimizer._DENSE, "stacked_q": optimizer._QKV}
+    keys = jax.random.split(jax.random.key(3), len(shapes))
+    tree = {n: jax.random.normal(k, s) for (n, s), k in zip(shapes.items(), keys)}
+    return tree, dims
+
+
+def _equals_optax_per_matrix(orthogonalize) -> bool:
+    from optax.contrib._muon import orthogonalize_via_newton_schulz
+    tree, dims = _matrices_for_batching()
+    coeffs = jnp.asarray((3.4445, -4.7750, 2.0315))
+    ours = orthogonalize(tree, dims, coeffs, 5)
+    for name, x in tree.items():
+        theirs = orthogonalize_via_newton_schulz(x, coeffs, 5, dimension_numbers=dims[name])
+        if ours[name].shape != x.shape or not np.allclose(ours[name], theirs, rtol=1e-5,
+                                                          atol=2e-6):
+            return False
+    return True
+
+
+def test_batched_newton_schulz_equals_optax_matrix_by_matrix(monkeypatch):
+    """muon.orthogonalize stacks same-shaped matrices into one batched Newton-Schulz; each
+    matrix must still come out as optax orthogonalises it alone (up to float rounding). A
+    planted mistake, normalising the stack by its joint norm instead of each matrix by its
+    own, is caught by the same comparison."""
+    from transformer.train import muon
+    assert _equals_optax_per_matrix(muon.orthogonalize)
+
+    def joint_norm(x_NRC, coeffs, ns_steps, eps=1e-8, dtype=None):
+        return muon.iterate(x_NRC / (jnp.sqrt(jnp.sum(jnp.square(x_NRC))) + eps), coeffs,
+                            ns_steps, dtype)
+
+    monkeypatch.setattr(muon, "newton_schulz", joint_norm)
+    assert not _equals_optax_per_matrix(muon.orthogonalize)
+
+
+def test_bfloat16_newton_schulz_rounds_only_the_matmul_inputs():
+    """train.muon_ns_dtype=bfloat16 reaches the Newton-Schulz matmuls: the update differs from
+    the float32 one by bfloat16 rounding (not more: the iterate stays float32), and it is
+    still as orthogonal (singular values in optax's 0.5-1.5 band)."""
+    params = {"block_0": {"mlp": {"project": {"kernel": jnp.zeros((64, 32))}}}}
+    grads = {"block_0": {"mlp": {"project": {"kernel": jax.random.normal(jax.random.key(1),
+                                                                          (64, 32))}}}}
+
+    def update(dtype):
+        (u,) = _updates(optimizer.make_optimizer(_muon_config(muon_lr=1.0,
+                                                              muon_ns_dtype=dtype)),
+                        params, [grads])
+        return np.asarray(u["block_0"]["mlp"]["project"]["kernel"])
+
+    f32, bf16 = update("float32"), update("bfloat16")
+    assert not np.array_equal(f32, bf16)
+    assert np.abs(f32 - bf16).max() < 0.05 * np.abs(f32).max()
+    s = np.linalg.svd(bf16, compute_uv=False)
+    assert s.min() > 0.5 and s.max() < 1.5
+
+
 def test_muon_and_adamw_each_follow_the_schedule_from_their_own_peak():
     """The first update of a matrix and of a bias under warm-up: muon_lr / warmup and
     lr / warmup times what each rule gives at a unit peak."""

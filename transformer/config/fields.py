@@ -221,6 +221,10 @@ _TRAIN = [
     # about a quarter of the model's own FLOPs (docs/speedrun.md).
     _f("train.muon_ns_steps", 5, "optimizer=muon: Newton-Schulz iterations per update", CHANGE,
        check=_positive),
+    # bfloat16 halves the Newton-Schulz matmuls' cost where the CPU multiplies bf16 natively
+    # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower.
+    _f("train.muon_ns_dtype", "float32", "optimizer=muon: the Newton-Schulz matmuls' input "
+       "dtype (float32 accumulation and iterate either way; muon.py)", CHANGE, DTYPES),
     _f("train.muon_weight_decay", 0.0, "optimizer=muon: decoupled decay of the hidden matrices "
        "(times the Muon lr)", CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),

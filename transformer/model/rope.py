@@ -27,6 +27,13 @@ def apply(x_BHTK, positions_BT, base: float = BASE):
     freq_F = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)  # F = K/2 frequencies
     angle_B1TF = positions_BT[:, None, :, None].astype(jnp.float32) * freq_F
     cos, sin = jnp.cos(angle_B1TF), jnp.sin(angle_B1TF)
-    x1, x2 = jnp.split(x_BHTK.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    # x·cos + rotate_half(x)·sin over the whole width, with rotate_half(x) = (x2, x1) and the
+    # sign folded into the sine table (−sin, sin): the same products as the pairs above, but
+    # XLA-CPU fuses it ~1.7x faster than concatenating the two rotated halves (one
+    # concatenate of x's halves instead of one of two computed halves; docs/performance.md).
+    cos_B1TK = jnp.concatenate([cos, cos], axis=-1)
+    sin_B1TK = jnp.concatenate([-sin, sin], axis=-1)
+    x = x_BHTK.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = x * cos_B1TK + jnp.concatenate([x2, x1], axis=-1) * sin_B1TK
     return rotated.astype(x_BHTK.dtype)

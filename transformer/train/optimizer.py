@@ -8,8 +8,9 @@ learning-rate schedule.
 
 `train.optimizer`:
     adamw     AdamW at `train.lr` for every parameter
-    muon      Muon (optax.contrib.scale_by_muon: Nesterov momentum `train.muon_momentum`, then
-              `train.muon_ns_steps` Newton-Schulz steps that orthogonalise it) at `train.muon_lr` for the hidden
+    muon      Muon (optax.contrib.scale_by_muon's math, batched over same-shaped matrices by
+              muon.py: Nesterov momentum `train.muon_momentum`, then `train.muon_ns_steps`
+              Newton-Schulz steps that orthogonalise it) at `train.muon_lr` for the hidden
               matrices of the blocks (attention's query/key/value/out, the MLP's kernels);
               AdamW at `train.lr` (with the same betas, decay and masks as above) for
               everything else: the token embedding, the position table, the untied head, norm
@@ -59,10 +60,10 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
-from optax.contrib import MuonDimensionNumbers, scale_by_muon
+from optax.contrib import MuonDimensionNumbers
 
 from transformer.config.fields import DECAY_SHAPES, SCHEDULES  # noqa: F401 - the choices live there
-from transformer.train import width_lr
+from transformer.train import muon, width_lr
 
 DECAYED = ("kernel", "embedding", "pos_embed")
 NOT_DECAYED = ("scale", "bias")
@@ -171,8 +172,8 @@ def _muon(t) -> optax.GradientTransformation:
         return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), updates)
 
     return optax.chain(
-        scale_by_muon(beta=t.muon_momentum, nesterov=True, ns_steps=t.muon_ns_steps,
-                      weight_dimension_numbers=dims),
+        muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
+                           ns_dtype=jnp.dtype(t.muon_ns_dtype)),
         _scale_by_width(dims),
         optax.add_decayed_weights(t.muon_weight_decay),
         optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))

@@ -53,14 +53,19 @@ def _attend_bwd(compute_dtype, residuals, cotangents):
     q_NXK, p_NXS = q_BHTK.reshape(N, X, K), p_BHTS.reshape(N, X, S)
     k_NSK, v_NSK = k_BGSK.reshape(N, S, K), v_BGSK.reshape(N, S, K)
     dout_NXK = dout_BHTK.reshape(N, X, K).astype(compute_dtype)
-    dv_NSK = jnp.einsum("nxs,nxk->nsk", p_NXS, dout_NXK, preferred_element_type=jnp.float32)
+    # dV and dK contract over the queries. In bfloat16 they are Pᵀ·dO and dSᵀ·Q with Pᵀ and
+    # dSᵀ laid out as arrays of their own (`_transpose`): as `a.T @ b` dots XLA-CPU ran them
+    # through its slow converting DotThunk. In float32 the folded dot is as fast and the
+    # copies are not free (as in dense.py; docs/performance.md).
+    t = _transpose if compute_dtype == "bfloat16" else lambda x: x.swapaxes(1, 2)
+    dv_NSK = jnp.einsum("nsx,nxk->nsk", t(p_NXS), dout_NXK, preferred_element_type=jnp.float32)
     dp_NXS = jnp.einsum("nxk,nsk->nxs", dout_NXK, v_NSK, preferred_element_type=jnp.float32)
     p32_NXS = p_NXS.astype(jnp.float32)
     # softmax backward: dS = P ⊙ (dP - rowsum(dP ⊙ P)); masked entries have P = 0.
     ds_NXS = p32_NXS * (dp_NXS - jnp.sum(dp_NXS * p32_NXS, axis=-1, keepdims=True)) * K ** -0.5
     ds_NXS = ds_NXS.astype(compute_dtype)
     dq_NXK = jnp.einsum("nxs,nsk->nxk", ds_NXS, k_NSK, preferred_element_type=jnp.float32)
-    dk_NSK = jnp.einsum("nxs,nxk->nsk", ds_NXS, q_NXK, preferred_element_type=jnp.float32)
+    dk_NSK = jnp.einsum("nsx,nxk->nsk", t(ds_NXS), q_NXK, preferred_element_type=jnp.float32)
     return (dq_NXK.reshape(B, H, T, K).astype(q_tag.dtype),
             dk_NSK.reshape(B, G, S, K).astype(k_tag.dtype),
             dv_NSK.reshape(B, G, S, K).astype(v_tag.dtype),
@@ -68,3 +73,13 @@ def _attend_bwd(compute_dtype, residuals, cotangents):
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def _transpose(x_NXS):
+    """x with its last two axes swapped, as an array of its own: a plain swapaxes gets
+    folded into the consuming dot (the slow `a.T @ b` kernel), a transpose between two
+    reshapes does not (as kernels/dense.py's _transpose). An odd last axis: swapaxes."""
+    N, X, S = x_NXS.shape
+    if S % 2:
+        return x_NXS.swapaxes(1, 2)
+    return x_NXS.reshape(N, X, 2, S // 2).transpose(0, 2, 3, 1).reshape(N, S, X)
