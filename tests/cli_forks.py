@@ -23,19 +23,23 @@ import threading
 import traceback
 from pathlib import Path
 
-# What train.py and sample.py import before and after their flags are checked.
-import absl.app  # noqa: F401
-import flax  # noqa: F401
-import jax  # noqa: F401
-import ml_collections  # noqa: F401
-import optax  # noqa: F401
-import orbax.checkpoint  # noqa: F401
-
-import transformer.checkpoint  # noqa: F401
-import transformer.cli  # noqa: F401
-import transformer.config  # noqa: F401
-
 ROOT = Path(__file__).resolve().parent.parent
+# `python train.py` puts the script's folder, the repository root, first on sys.path; so does
+# this process for its children (not tests/, the folder of this script).
+sys.path[0] = str(ROOT)
+
+# What train.py and sample.py import before and after their flags are checked.
+import absl.app  # noqa: E402, F401
+import flax  # noqa: E402, F401
+import jax  # noqa: E402, F401
+import ml_collections  # noqa: E402, F401
+import optax  # noqa: E402, F401
+import orbax.checkpoint  # noqa: E402, F401
+
+import transformer.checkpoint  # noqa: E402, F401
+import transformer.cli  # noqa: E402, F401
+import transformer.config  # noqa: E402, F401
+
 PARALLEL = 4
 
 
