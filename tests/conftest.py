@@ -48,6 +48,26 @@ if jax.default_backend() == "gpu":
     jax.config.update("jax_default_matmul_precision", "highest")
 
 
+# The modules whose tests take longest in all (seconds of one worker, measured 2026-12-02 on a
+# 2-vCPU Sapphire Rapids, docs/testing.md), longest first. `--dist loadscope` hands each worker
+# a whole module at a time, in collection order (`--no-loadscope-reorder` in the addopts; by
+# default xdist orders modules by their number of tests, which sent the one-test
+# test_bad_inputs.py and the three-test test_device_check.py last): the longest start first and
+# the short ones fill the end, so no worker is left with a long module while the other idles.
+SLOWEST_MODULES = (
+    "test_resume", "test_sharding", "test_hf", "test_variants", "test_scaling", "test_decode",
+    "test_serve_batching", "test_training", "test_device_check", "test_bench",
+    "test_bad_inputs", "test_cli", "test_window", "test_prepare", "test_serve",
+    "test_optimizer", "test_width_lr", "test_multihost", "test_visualize", "test_trackers")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules in SLOWEST_MODULES order first, then the rest as collected; a module's own
+    tests keep their order (a stable sort)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
     """One persistent compilation cache for this session: for this process (a test that builds
@@ -95,6 +115,29 @@ def tiny_config() -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny_params(tiny_config):
     return init_params(tiny_config, jax.random.key(0))
+
+
+def shared_dir(tmp_path_factory, name: str, make) -> Path:
+    """The folder `name` in this session's temp folder shared by all xdist workers, made once
+    by `make(folder)` under a file lock: the first worker to ask makes it, the others wait and
+    reuse it. For things many modules only read (a tiny trained run the servers load): each
+    module's tests state a property of serving or sampling a trained run, not of its being
+    trained for them alone. A folder `make` failed to finish is made again by the next one."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            if folder.exists():
+                import shutil
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            make(folder)
+            done.touch()
+    return folder
 
 
 def simulated_devices_env(devices: int, **extra) -> dict:

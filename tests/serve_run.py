@@ -1,6 +1,7 @@
 """Shared by the server's test files: one tiny byte-level run trained on English, Russian and
-Chinese text (once per test session, whichever file asks first), and a real server process
-on a free 127.0.0.1 port that stops when its `with` block ends."""
+Chinese text and one tiny char-level run (each once per test session, by whichever file and
+xdist worker asks first), and a real server process on a free 127.0.0.1 port that stops when
+its `with` block ends."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import time
 
 import httpx
 
-from tests.conftest import ROOT, free_port
-from tests.test_resume import env_with, run
+from tests.conftest import ROOT, free_port, shared_dir
+from tests.test_resume import MODEL, env_with, run, write_corpus
 
 WORDS = {
     "en": "the quick brown fox jumps over a lazy dog while seven wizards hex jolly boxes",
@@ -42,18 +43,28 @@ def corpus_text() -> str:
 
 
 def byte_run(tmp_path_factory):
-    """The workdir of the session's trained byte-level run (trained on first call)."""
-    base = tmp_path_factory.getbasetemp()
-    workdir = base / "serve-byte-run" / "run"
-    if not (workdir / "checkpoints").exists():
-        workdir.parent.mkdir(parents=True, exist_ok=True)
-        corpus = workdir.parent / "text.txt"
+    """The workdir of the session's trained byte-level run (trained once, by whichever xdist
+    worker asks first; the servers only read it)."""
+    def train(folder):
+        corpus = folder / "text.txt"
         corpus.write_text(corpus_text(), encoding="utf-8")
         out = run(["train.py", *BYTE_MODEL, f"--config.data.corpus={corpus}",
-                   f"--workdir={workdir}", f"--config.train.steps={STEPS}",
+                   f"--workdir={folder / 'run'}", f"--config.train.steps={STEPS}",
                    f"--config.train.ckpt_every={STEPS}"])
         assert out.returncode == 0, out.stderr
-    return workdir
+    return shared_dir(tmp_path_factory, "serve-byte-run", train) / "run"
+
+
+def char_run(tmp_path_factory):
+    """The workdir of the session's tiny char-level run (test_resume's MODEL, 60 steps) that
+    test_serve.py and test_serve_batching.py serve: trained once, read only."""
+    def train(folder):
+        corpus = write_corpus(folder / "text.txt")
+        out = run(["train.py", *MODEL, f"--config.data.corpus={corpus}",
+                   f"--workdir={folder / 'run'}", "--config.train.steps=60",
+                   "--config.train.ckpt_every=60"])
+        assert out.returncode == 0, out.stderr
+    return shared_dir(tmp_path_factory, "serve-char-run", train) / "run"
 
 
 @contextlib.contextmanager

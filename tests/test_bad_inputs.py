@@ -1,14 +1,17 @@
 """Bad input through the real command lines: refused early, in one clear line, harmlessly.
 
-Each row runs `train.py` or `sample.py` in a subprocess and checks: a non-zero exit, exactly
-one line on stderr that starts with `error:` and names what is wrong (a phrase from it is
-the row's expectation), no traceback, and the workdir exactly as it was (a fresh path not
-created; an existing workdir byte for byte unchanged). Rows run a few at a time.
+Each row runs `train.py` or `sample.py` and checks: a non-zero exit, exactly one line on
+stderr that starts with `error:` and names what is wrong (a phrase from it is the row's
+expectation), no traceback, and the workdir exactly as it was (a fresh path not created; an
+existing workdir byte for byte unchanged). The rows run as children forked from one process
+that has imported jax and the rest once (tests/cli_forks.py: ~1-2 s less each), a few at a
+time; the rows in REAL run as real processes too and must give the same status and stderr.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -192,32 +195,55 @@ def prepare(row_index: int, kind, d: Path, tmp: Path) -> Path:
     return workdir
 
 
-def run_row(i, row, d: Path, tmp: Path):
-    what, script, args, phrase, kind = row
-    workdir = prepare(i, kind, d, tmp)
-    before = snapshot(workdir)
+# Rows also run as real `python train.py` / `python sample.py` processes: the same status and
+# stderr as through tests/cli_forks.py show that its forked children behave as the real entry
+# points (one of each script, early and late refusals, fresh and trained workdirs).
+REAL = ("unknown flag", "missing corpus", "checkpoint of another model",
+        "sample: missing workdir", "sample: symbol the tokenizer lacks",
+        "prepared folder: a shard cut short")
+
+
+def command(row, workdir: Path, d: Path) -> list[str]:
+    _, script, args, _, _ = row
     args = [a.replace("{W}", str(workdir)).replace("{D}", str(d)) for a in args]
     if script == "train":
         own_corpus = any(a.startswith("--config.data.corpus=") for a in args)
         corpus = [] if own_corpus else [f"--config.data.corpus={d}/good.txt"]
-        cmd = ["train.py", *MODEL, *corpus, *args, f"--workdir={workdir}"]
-    else:
-        cmd = ["sample.py", *args]
-    out = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env(), capture_output=True,
-                         text=True, timeout=300)
-    return what, phrase, out, before, snapshot(workdir) if kind else None
+        return ["train.py", *MODEL, *corpus, *args, f"--workdir={workdir}"]
+    return ["sample.py", *args]
 
 
 def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
-    assert len(ROWS) >= 25
+    assert len(ROWS) >= 25 and set(REAL) <= {row[0] for row in ROWS}
+    workdirs = [prepare(i, row[4], files, tmp_path) for i, row in enumerate(ROWS)]
+    before = [snapshot(w) for w in workdirs]
+    commands = [command(row, w, files) for row, w in zip(ROWS, workdirs)]
+    (tmp_path / "commands.json").write_text(json.dumps(commands))
+    out = subprocess.run([sys.executable, "tests/cli_forks.py", str(tmp_path / "commands.json"),
+                          str(tmp_path / "results.json")], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    forked = json.loads((tmp_path / "results.json").read_text())
+    real_rows = [i for i, row in enumerate(ROWS) if row[0] in REAL]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda ir: run_row(*ir, files, tmp_path), enumerate(ROWS)))
+        real = dict(zip(real_rows, pool.map(
+            lambda i: subprocess.run([sys.executable, *commands[i]], cwd=ROOT, env=env(),
+                                     capture_output=True, text=True, timeout=300),
+            real_rows)))
     problems = []
-    for what, phrase, out, before, after in results:
-        lines = out.stderr.strip().splitlines()
-        ok = (out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ")
-              and phrase in lines[0] and "Traceback" not in out.stderr and before == after)
-        if not ok:
-            problems.append(f"{what}: exit {out.returncode}, stderr {out.stderr!r}, "
-                            f"workdir {'unchanged' if before == after else 'CHANGED'}")
+    for i, (what, _, _, phrase, kind) in enumerate(ROWS):
+        after = snapshot(workdirs[i]) if kind else None
+        runs = [(forked[i]["returncode"], forked[i]["stderr"])]
+        if i in real:
+            runs.append((real[i].returncode, real[i].stderr))
+            if runs[0] != runs[1]:
+                problems.append(f"{what}: forked {runs[0]!r} but the real process {runs[1]!r}")
+        for returncode, stderr in runs:
+            lines = stderr.strip().splitlines()
+            ok = (returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ")
+                  and phrase in lines[0] and "Traceback" not in stderr
+                  and (before[i] == after or not kind))
+            if not ok:
+                problems.append(f"{what}: exit {returncode}, stderr {stderr!r}, "
+                                f"workdir {'unchanged' if before[i] == after else 'CHANGED'}")
     assert not problems, "\n".join(problems)

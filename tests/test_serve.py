@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests import serve_run
-from tests.test_resume import MODEL, run, write_corpus
+from tests.test_resume import run
 
 openai = pytest.importorskip("openai")
 
@@ -30,13 +30,7 @@ PROMPT = "the quick "
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    corpus = write_corpus(tmp / "text.txt")
-    workdir = tmp / "run"
-    out = run(["train.py", *MODEL, f"--config.data.corpus={corpus}", f"--workdir={workdir}",
-               "--config.train.steps=60", "--config.train.ckpt_every=60"])
-    assert out.returncode == 0, out.stderr
-    return workdir
+    return serve_run.char_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
