@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests import serve_run
+from tests.conftest import ROOT
 from tests.test_resume import run
 
 openai = pytest.importorskip("openai")
@@ -206,17 +207,30 @@ def test_models_and_health(server, client):
 def test_measure_asks_for_what_fits_in_the_context_and_counts_cpu_per_token(server):
     """serve.measure's headline asks for the new tokens that fit after its prompt (the
     context minus the prompt's tokens: no request slides the window), and its round reports
-    every token the server made, with the server's CPU per token when it knows its pid."""
-    import os
-
-    from transformer.serve import measure
+    every token the server made, with the server's CPU per token when it knows its pid.
+    (In a child process: measure's absl flags, --workdir among them, may not be defined
+    twice in one process, and this worker may already hold another command's.)"""
+    import json
+    import subprocess
+    import sys
 
     context = httpx.get(f"{server}/v1/models", timeout=10).json()["data"][0]["context_length"]
-    fits = measure.in_context_tokens(server)
-    assert fits == context - len(measure.PROMPT)  # a byte tokenizer: one token a byte
-    rate, timings, server_ms, client_ms = measure.one_round(server, 2, 1, fits, pid=os.getpid())
-    assert rate > 0 and len(timings) == 2 and server_ms > 0 and client_ms >= 0
-    assert measure.cpu_seconds(None) == 0.0
+    code = (
+        "import json, os, sys\n"
+        "from transformer.serve import measure\n"
+        "fits = measure.in_context_tokens(sys.argv[1])\n"
+        "rate, timings, server_ms, client_ms = measure.one_round(sys.argv[1], 2, 1, fits, "
+        "pid=os.getpid())\n"
+        "print(json.dumps(dict(fits=fits, prompt=len(measure.PROMPT), rate=rate, "
+        "n=len(timings), server_ms=server_ms, client_ms=client_ms, "
+        "none=measure.cpu_seconds(None))))\n")
+    done = subprocess.run([sys.executable, "-c", code, server], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["fits"] == context - got["prompt"]  # a byte tokenizer: one token a byte
+    assert got["rate"] > 0 and got["n"] == 2 and got["server_ms"] > 0 and got["client_ms"] >= 0
+    assert got["none"] == 0.0
 
 
 def test_concurrent_clients_each_get_their_own_text(client):
