@@ -151,8 +151,8 @@ def byte_set(ours_flags: list[str]) -> Path:
     for flag in ours_flags:
         key, _, value = flag.removeprefix("--config.").partition("=")
         if key.startswith("data."):
-            config.update_from_flattened_dict({key: type(config[key.split(".")[0]][
-                key.split(".")[1]])(value)})
+            field = key.removeprefix("data.")
+            config.data[field] = type(config.data[field])(value)  # str, int or float fields
     config.data.tokenizer = "byte"
     config, _ = start.resolve_config(config)
     _, source = data.load(config)
