@@ -172,3 +172,25 @@ def test_wandb_offline_for_real_writes_one_run_per_workdir(tmp_path):
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     segments = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(segments) == 2 and all(p.name.endswith(run_id) for p in segments)
+
+
+def test_writing_events_does_not_import_torch_and_leaves_it_importable(tmp_path):
+    """tensorboardX's package imports torch when installed (1.2 s of every run's start):
+    the writer is imported without it, and torch still imports afterwards, in a fresh
+    process (this one may have torch imported already)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = ("import sys\n"
+            "from transformer.train import trackers\n"
+            f"t = trackers.TensorBoard({str(tmp_path)!r}, purge_step=1)\n"
+            "t.log(1, {'train_loss': 1.5}); t.close()\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "import torch\n"
+            "print('torch', torch.__version__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("torch ")
+    assert list(tmp_path.glob("events*"))

@@ -50,6 +50,35 @@ TAGS = {
 _WRITERS = itertools.count()
 
 
+def _tensorboardx():
+    """(EventsWriter, event_pb2) from tensorboardX, ~0.3 s to import: only runs that write pay.
+
+    tensorboardX's package imports torch when it is installed (for its torch-only writers and
+    graphs, which this module does not use): 1.2 s of every run's start on a machine with
+    torch, i.e. any `.[test]` install and nanoGPT's side by side. Unless torch is already
+    imported, the import runs with `sys.modules["torch"] = None`, which Python answers with
+    ImportError, and tensorboardX catches; the entry is removed after, so a later
+    `import torch` (the user's, or the bench's peer) works as ever. Should a release stop
+    catching it, the import is simply done again the usual way."""
+    import sys
+
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+        try:
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto import event_pb2
+            return EventsWriter, event_pb2
+        except ImportError:
+            for name in [m for m in sys.modules if m.startswith("tensorboardX")]:
+                del sys.modules[name]  # half-imported under the block: import again below
+        finally:
+            if sys.modules.get("torch", 0) is None:
+                del sys.modules["torch"]
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto import event_pb2
+    return EventsWriter, event_pb2
+
+
 class Tracker(Protocol):
     def log(self, step: int, values: dict) -> None: ...
     def log_text(self, step: int, tag: str, text: str) -> None: ...
@@ -70,10 +99,7 @@ class TensorBoard:
     def __init__(self, logdir, purge_step: int | None = None):
         import os
 
-        # ~0.3 s to import: only runs that write pay
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto import event_pb2
-
+        EventsWriter, event_pb2 = _tensorboardx()
         self._pb = event_pb2
         Path(logdir).mkdir(parents=True, exist_ok=True)
         # The name holds the second it was made: the pid and a per-process count keep two
