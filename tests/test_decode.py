@@ -122,7 +122,8 @@ def test_a_program_that_cannot_fill_the_cache_leaves_out_the_window_loop(tiny_co
     assert out == [_naive_greedy(tiny_config, tiny_params, prompt, 32)]
 
 
-@pytest.mark.parametrize("P,S", [(16, 64), (16, 512), (64, 505), (256, 512), (64, 64)])
+@pytest.mark.parametrize("P,S", [(16, 64), (16, 512), (64, 505), (256, 512), (64, 64),
+                                 (16, 2048), (300, 4096)])
 def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
     pieces = decode.fill_segments(P, S)
     slots = [s for i, (first, length) in enumerate(pieces)
@@ -130,8 +131,12 @@ def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
     assert slots == list(range(P, S))  # every slot written once, in order
     for first, length in pieces:
         assert first < length <= S
-        assert length == S or (length & (length - 1) == 0 and length < 2 * (first + 1))
+        # a power of two reading at most about twice the filled slots, or the smallest piece
+        assert length == S or (length & (length - 1) == 0
+                               and length <= max(2 * first + 1, decode.MIN_SEGMENT))
     assert len(pieces) <= int(np.log2(S)) + 1  # a handful of loops, not one per token
+    if S <= decode.MIN_SEGMENT:  # a small cache is one loop: each piece costs a compile
+        assert len(pieces) == (1 if P < S else 0)
 
 
 @pytest.mark.device

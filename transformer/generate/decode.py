@@ -68,6 +68,11 @@ from transformer.parallel import sharding
 
 PAD_ID = 0
 MIN_BUCKET = 16
+# While the cache fills, a cache of up to this many slots is read whole: each shorter piece
+# is one more copy of the decode step to compile (for the quick start's 128-slot model, the
+# pieces of 32 and 64 slots cost ~1.4 s of its sample's ~4 s compile on a CPU), and what it
+# saves is attention over a few hundred slots, small beside the step's matmuls.
+MIN_SEGMENT = 256
 
 
 class GenerationError(ValueError):
@@ -110,10 +115,11 @@ def token_budget(max_new_tokens: int) -> int:
 def fill_segments(P: int, S: int) -> list[tuple[int, int]]:
     """The loop while the cache fills, in pieces (first, length): the steps that write slots
     first .. length-1 run with the cache cut to its first `length` slots, a power of two
-    (or S). Attention then reads at most about twice the filled slots, not all S."""
+    (or S), at least MIN_SEGMENT. Attention then reads at most about twice the filled slots
+    (or MIN_SEGMENT), not all S."""
     out, slot = [], P
     while slot < S:
-        length = _bucket(slot + 1, S)
+        length = min(max(_bucket(slot + 1, S), MIN_SEGMENT), S)
         out.append((slot, length))
         slot = length
     return out
@@ -448,6 +454,34 @@ def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
 def new_cache(*, config: ModelConfig, batch: int):
     return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
                               config.head_dim, jnp.dtype(config.dtype))
+
+
+def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new_tokens: int,
+               mesh, rules) -> None:
+    """Compiles the program that `generate(config, params, prompts, max_new_tokens=...,
+    mesh=mesh, rules=rules)` runs, for any parameters shaped like `params` (arrays or
+    jax.ShapeDtypeStruct) and any seed and sampling knobs: that call then finds it compiled
+    (the same explicitly sharded program, from jit's cache). For a thread: train.py compiles
+    its end-of-training sample while the run trains."""
+    check_args(config, prompts, max_new_tokens, 1.0, 0, 1.0, -1)
+    prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
+    budget = token_budget(max_new_tokens)
+    generate_fn, cache_fn, param_sh = sharded_program(config, budget, mesh, tuple(rules),
+                                                      len(prompts))
+    rep = sharding.replicated(mesh)
+
+    def like(x, sh=rep):
+        return jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=sh)
+
+    params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          params, param_sh)
+    cache = cache_fn.eval_shape()
+    key_data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    knobs = (np.float32(0), np.int32(0), np.float32(0), np.int32(0), np.int32(0))
+    cache_fn.lower().compile()
+    generate_fn.lower(params, cache, like(prompt_BP), like(start_B),
+                      jax.ShapeDtypeStruct(key_data.shape, key_data.dtype, sharding=rep),
+                      *map(like, knobs)).compile()
 
 
 def left_pad(prompts, max_seq_len: int):
