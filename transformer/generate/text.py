@@ -155,6 +155,16 @@ def stop_id(tokenizer, stop) -> int:
     return ids[0] if len(ids) == 1 else -1
 
 
+def precompile_sample(model_config: ModelConfig, params, tokenizer, prompt: str, *,
+                      num_samples: int = 1, max_new_tokens: int = 100, mesh, rules) -> None:
+    """Compiles the program `sample_text` runs for these arguments with `mesh` and `rules`
+    (any seed and sampling knobs; `params`: arrays or their jax.ShapeDtypeStructs), so that
+    call finds it compiled. Raises what sample_text would for a prompt it cannot use."""
+    prompt_ids = encode_prompt(tokenizer, prompt, model_config.max_seq_len, lambda _: None)
+    decode.precompile(model_config, params, [prompt_ids] * num_samples,
+                      max_new_tokens=max_new_tokens, mesh=mesh, rules=rules)
+
+
 def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, num_samples: int = 1,
                 max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, seed: int = 0, stop=None, end_at_eot: bool = True,

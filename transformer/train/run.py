@@ -18,6 +18,7 @@ order). tests/test_resume.py kills runs to check it.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import jax
@@ -40,13 +41,20 @@ from transformer.train.trainer import Trainer
 
 
 def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
-          mesh=None, stop_at: int | None = None, allow_change=(), hooks: TestHooks = NO_HOOKS):
+          mesh=None, stop_at: int | None = None, allow_change=(), hooks: TestHooks = NO_HOOKS,
+          alongside: Callable | None = None):
     """Trains (or resumes) the run in `workdir` on `mesh` (default: from config.mesh).
 
     Returns (state, tokenizer). On several processes every process calls this; only process 0
     logs and writes metrics, and orbax coordinates the checkpoint writes. `stop_at` ends this
     invocation early at that step (with a checkpoint), as an interruption would; running
     again continues the same schedule to `train.steps`. `hooks` provoke faults (tests only).
+
+    The step and the evaluation compile in two threads while the state is made (restored,
+    imported or initialised, itself a compile), so a 2-core machine compiles them side by
+    side. `alongside(config, tokenizer, trainer)`, if given, runs in a thread while the run
+    trains and has finished when this returns: train.py compiles its end-of-training
+    sample's program there (an exception in it is the caller's to catch inside it).
 
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf,
     workdir.WorkdirError when another run holds the workdir."""
@@ -56,8 +64,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log, progress = (lambda _: None), False
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
     plan = start_lib.prepare(config, workdir, mesh, allow_change)
-    with start_lib.claim(plan):
+    with start_lib.claim(plan), ThreadPoolExecutor(2, "compile") as threads:
         trainer = Trainer.build(plan.config, mesh)
+        t = plan.config.train
+        batch = plan.source.batch(t.seed, "train", 0, t.batch_size, rows=[0])  # for its shapes
+        compiled = [threads.submit(trainer.precompile, batch, (which,))
+                    for which in ("step", "eval")]
         state, skipped = start_lib.initial_state(trainer, plan)
         restored = plan.found.step if plan.found else 0
         # TensorBoard curves continue after the restored step (earlier events from there on
@@ -86,6 +98,11 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
                 "matmul_reason": matmul.reason}
+        for future in compiled:
+            future.exception()  # wait: a first call during its compile would compile again;
+            # a compile that failed here fails again, with its error, at that first call
+        if alongside is not None:
+            threads.submit(alongside, plan.config, plan.tokenizer, trainer)
         try:
             state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at,
                               progress, hooks, log)

@@ -92,6 +92,22 @@ class Trainer:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             shapes, self.state_sharding)
 
+    def precompile(self, batch: dict, which=("step", "eval")) -> None:
+        """Compiles the step and/or evaluation now for the state and for batches shaped like
+        `batch` (a local batch, as `source.batch` gives), so that their first calls find them
+        compiled: lowered with the shardings both were built with, they are the programs
+        those calls lower, and jit's cache hands them over. Meant for a thread beside start-up
+        work (run.py): XLA compiles without holding Python's lock, on the core start-up leaves
+        idle."""
+        B = self.config.train.batch_size
+        spec = {k: jax.ShapeDtypeStruct((B,) + np.shape(v)[1:], np.asarray(v).dtype,
+                                        sharding=self.batch_sharding) for k, v in batch.items()}
+        state = self.abstract_state()
+        if "step" in which:
+            self.step_fn.lower(state, spec).compile()
+        if "eval" in which:
+            self.eval_fn.lower(state.params, spec).compile()
+
     def batch(self, source, seed: int, split: str, index: int, windows=None) -> dict:
         """Batch `index` as global arrays; this process builds only the rows it holds.
         `windows`: rows past the first `windows` windows of the split (row r of batch i is
