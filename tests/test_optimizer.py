@@ -411,3 +411,23 @@ def test_fewer_newton_schulz_steps_orthogonalise_less():
     five, one = singular_values(5), singular_values(1)
     assert five.min() > 0.5 and five.max() < 1.5
     assert one.min() < 0.3 * five.min()
+
+
+@pytest.mark.parametrize("matmul,dtype,expected", [
+    ("fast_bf16", "float32", "bfloat16"),  # bf16 matmul inputs: the CPUs that multiply them
+    ("fast_f32", "float32", "float32"),
+    ("plain", "float32", "float32"),
+    ("plain", "bfloat16", "bfloat16"),  # a bfloat16 model (accelerators)
+])
+def test_muon_ns_dtype_auto_follows_the_models_matmul_dtype(matmul, dtype, expected):
+    from transformer.config import base_config
+    from transformer.train import start
+
+    c = base_config()
+    c.model.update(matmul=matmul, dtype=dtype)
+    c.train.optimizer = "muon"
+    assert c.train.muon_ns_dtype == "auto"
+    resolved, _ = start.resolve_config(c)
+    assert resolved.train.muon_ns_dtype == expected
+    c.train.muon_ns_dtype = "float32"  # a value given is kept
+    assert start.resolve_config(c)[0].train.muon_ns_dtype == "float32"

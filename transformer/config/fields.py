@@ -222,9 +222,13 @@ _TRAIN = [
     _f("train.muon_ns_steps", 5, "optimizer=muon: Newton-Schulz iterations per update", CHANGE,
        check=_positive),
     # bfloat16 halves the Newton-Schulz matmuls' cost where the CPU multiplies bf16 natively
-    # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower.
-    _f("train.muon_ns_dtype", "float32", "optimizer=muon: the Newton-Schulz matmuls' input "
-       "dtype (float32 accumulation and iterate either way; muon.py)", CHANGE, DTYPES),
+    # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower. auto:
+    # the model's matmul input dtype (start.resolve_config; the quick start's val loss was the
+    # same to 1e-4 either way on two seeds, docs/speedrun.md row 10).
+    _f("train.muon_ns_dtype", "auto", "optimizer=muon: the Newton-Schulz matmuls' input "
+       "dtype (float32 accumulation and iterate either way; muon.py); auto: bfloat16 where the "
+       "model's matmuls take bfloat16 inputs (model.matmul, model.dtype), else float32",
+       CHANGE, ("auto",) + DTYPES),
     _f("train.muon_weight_decay", 0.0, "optimizer=muon: decoupled decay of the hidden matrices "
        "(times the Muon lr)", CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),

@@ -173,10 +173,16 @@ def _muon(t) -> optax.GradientTransformation:
 
     return optax.chain(
         muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
-                           ns_dtype=jnp.dtype(t.muon_ns_dtype)),
+                           ns_dtype=jnp.dtype(_ns_dtype(t))),
         _scale_by_width(dims),
         optax.add_decayed_weights(t.muon_weight_decay),
         optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
+
+
+def _ns_dtype(t) -> str:
+    """train.muon_ns_dtype; `auto` left unresolved (a config that did not pass through
+    start.resolve_config, which makes it the model's matmul dtype) is float32."""
+    return "float32" if t.muon_ns_dtype == "auto" else t.muon_ns_dtype
 
 
 def make_optimizer(t, d_model: int = 0) -> optax.GradientTransformation:

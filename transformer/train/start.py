@@ -28,6 +28,7 @@ from transformer import checkpoint, data
 from transformer import config as config_lib
 from transformer.config import ConfigError, resume
 from transformer.hf import load as hf_load
+from transformer.model import kernels
 from transformer.model.kernels import auto
 from transformer.parallel import processes, sharding
 from transformer.train import workdir as workdir_lib
@@ -36,9 +37,14 @@ from transformer.train.workdir import WorkdirLock
 
 
 def resolve_config(config):
-    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete, the
-    auto.Choice saying why); the caller's config is left as it is."""
-    return auto.resolve(config_lib.replace(config_lib.validate(config)))
+    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete, and
+    `train.muon_ns_dtype=auto` after it, the auto.Choice saying why); the caller's config is
+    left as it is."""
+    config, choice = auto.resolve(config_lib.replace(config_lib.validate(config)))
+    if config.train.muon_ns_dtype == "auto":
+        config = config_lib.replace(config, **{"train.muon_ns_dtype":
+                                               kernels.compute_dtype(config.model)})
+    return config, choice
 
 
 def resolve(config, tokenizer, mesh=None, saved=None):
