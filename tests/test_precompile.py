@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from tests.test_decode import CompileCounter
-from transformer import data
+from transformer import checkpoint, data
 from transformer.config import ModelConfig, base_config
 from transformer.generate import text
 from transformer.generate.decode import GenerationError
@@ -48,6 +48,8 @@ def test_the_first_step_and_evaluation_find_their_programs_compiled():
     assert _compiles(lambda: out.append(trainer.step_fn(state, batch))) == 0
     state, _ = out[0]  # the old state was donated
     assert _compiles(lambda: evaluate(trainer, state.params, source, 0, 2)) == 0
+    assert _compiles(lambda: (checkpoint.fingerprint(state.params), checkpoint.fingerprint(
+        {"step": state.step, "opt_state": state.opt_state}))) == 0
     # and the check bites: a trainer that was not precompiled compiles its first step
     other = Trainer.build(c)
     fresh = other.init(0)

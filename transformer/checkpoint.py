@@ -114,6 +114,12 @@ def _leaf_fingerprints(leaves):
     return out
 
 
+def precompile_fingerprint(tree) -> None:
+    """Compiles `fingerprint` for trees shaped and sharded like `tree` (arrays or
+    jax.ShapeDtypeStructs), so that a save finds it compiled (run.py, in a thread)."""
+    _leaf_fingerprints.lower(jax.tree.leaves(tree)).compile()
+
+
 def fingerprint(tree) -> list[int]:
     """One integer per leaf that changes when any bit of the leaf changes (almost surely)."""
     return [int(v) for v in jax.device_get(_leaf_fingerprints(jax.tree.leaves(tree)))]

@@ -98,6 +98,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
                 "matmul_reason": matmul.reason}
+        threads.submit(trainer.precompile, batch, ("save",))  # first needed at a save
         for future in compiled:
             future.exception()  # wait: a first call during its compile would compile again;
             # a compile that failed here fails again, with its error, at that first call

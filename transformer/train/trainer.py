@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from transformer import checkpoint
 from transformer.config import ModelConfig
 from transformer.model import kernels
 from transformer.parallel import sharding
@@ -92,10 +93,10 @@ class Trainer:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             shapes, self.state_sharding)
 
-    def precompile(self, batch: dict, which=("step", "eval")) -> None:
-        """Compiles the step and/or evaluation now for the state and for batches shaped like
-        `batch` (a local batch, as `source.batch` gives), so that their first calls find them
-        compiled: lowered with the shardings both were built with, they are the programs
+    def precompile(self, batch: dict, which=("step", "eval", "save")) -> None:
+        """Compiles the step, evaluation and a checkpoint save's fingerprints (`which`) now for
+        the state and for batches shaped like `batch` (a local batch, as `source.batch` gives),
+        so that their first calls find them compiled: lowered with the shardings both were built with, they are the programs
         those calls lower, and jit's cache hands them over. Meant for a thread beside start-up
         work (run.py): XLA compiles without holding Python's lock, on the core start-up leaves
         idle."""
@@ -107,6 +108,9 @@ class Trainer:
             self.step_fn.lower(state, spec).compile()
         if "eval" in which:
             self.eval_fn.lower(state.params, spec).compile()
+        if "save" in which:  # the fingerprints a checkpoint save computes (loop.py's trees)
+            checkpoint.precompile_fingerprint(state.params)
+            checkpoint.precompile_fingerprint({"step": state.step, "opt_state": state.opt_state})
 
     def batch(self, source, seed: int, split: str, index: int, windows=None) -> dict:
         """Batch `index` as global arrays; this process builds only the rows it holds.
