@@ -103,8 +103,22 @@ def _while_loops(config, params, prompts, max_new_tokens):
         params, decode.new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
         jax.random.key(0), np.float32(0), np.int32(0), np.float32(1), np.int32(-1),
         np.int32(max_new_tokens), np.int32(0), config=config,
-        budget=decode.token_budget(max_new_tokens))
+        budget=decode.token_budget(max_new_tokens, config.max_seq_len - prompt_BP.shape[1]))
     return lowered.as_text().count("stablehlo.while")
+
+
+def test_a_request_that_fits_after_its_prompt_gets_no_window_loop(tiny_config, tiny_params):
+    """A 10-token prompt (a 16-slot bucket) and 40 new tokens in a 64-slot context: the
+    power-of-two budget (64) would overflow the context, the room after the prompt (48)
+    does not, so the program leaves out the window loop; the tokens are the naive
+    recomputation's, and 49 tokens (past the room) bring the loop back."""
+    prompt = list(range(3, 13))
+    S = tiny_config.max_seq_len
+    assert decode.token_budget(40) == 64 and decode.token_budget(40, S - 16) == 48
+    assert _while_loops(tiny_config, tiny_params, [prompt], 49) - _while_loops(
+        tiny_config, tiny_params, [prompt], 40) == 2
+    out = decode.generate(tiny_config, tiny_params, [prompt], max_new_tokens=40, temperature=0.0)
+    assert out == [_naive_greedy(tiny_config, tiny_params, prompt, 40)]
 
 
 def test_a_program_that_cannot_fill_the_cache_leaves_out_the_window_loop(tiny_config,

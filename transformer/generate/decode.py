@@ -107,9 +107,15 @@ def prompt_bucket(longest: int, max_seq_len: int) -> int:
     return _bucket(longest, max_seq_len)
 
 
-def token_budget(max_new_tokens: int) -> int:
-    """The output buffer's length: the next power of two >= max_new_tokens (at least 16)."""
-    return _bucket(max_new_tokens)
+def token_budget(max_new_tokens: int, room: int | None = None) -> int:
+    """The output buffer's length: the next power of two >= max_new_tokens (at least 16); or
+    `room` (the context's slots after the padded prompt, S - P) when the request fits there
+    and that power of two does not: then the program has no window loop to compile (the
+    cache cannot fill), e.g. the quick start's 100-token sample after a 16-slot prompt."""
+    budget = _bucket(max_new_tokens)
+    if room is not None and max_new_tokens <= room < budget:
+        return room
+    return budget
 
 
 def fill_segments(P: int, S: int) -> list[tuple[int, int]]:
@@ -465,7 +471,7 @@ def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new
     its end-of-training sample while the run trains."""
     check_args(config, prompts, max_new_tokens, 1.0, 0, 1.0, -1)
     prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
-    budget = token_budget(max_new_tokens)
+    budget = token_budget(max_new_tokens, config.max_seq_len - prompt_BP.shape[1])
     generate_fn, cache_fn, param_sh = sharded_program(config, budget, mesh, tuple(rules),
                                                       len(prompts))
     rep = sharding.replicated(mesh)
@@ -510,7 +516,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     a bool per row: True ends that row after this token (a stop string its text reached), or
     False to end every row (a client that went away); the device stops within STREAM_EVERY
     tokens and each ended row's result ends at that token. `budget`: the output buffer's
-    length, >= max_new_tokens (default: the next bucket), the one static length of the
+    length, >= max_new_tokens (default: token_budget's, with the room after the prompt), the one static length of the
     program: a caller that fixes it (a server) serves every max_new_tokens up to it with one
     compiled program, with the same tokens (key i is fold_in(seed key, i) whatever the
     budget). With `mesh` and `rules` (sharding.py) it decodes on that mesh; every process of
@@ -520,7 +526,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     check_args(config, prompts, max_new_tokens, temperature, top_k, top_p, eos_id)
     prompt_BP, start_B = left_pad(prompts, config.max_seq_len)
     if budget is None:
-        budget = token_budget(max_new_tokens)
+        budget = token_budget(max_new_tokens, config.max_seq_len - prompt_BP.shape[1])
     elif budget < max_new_tokens:
         raise GenerationError(f"budget={budget}: must be >= max_new_tokens={max_new_tokens}")
     key = jax.random.key(seed)

@@ -50,9 +50,9 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     invocation early at that step (with a checkpoint), as an interruption would; running
     again continues the same schedule to `train.steps`. `hooks` provoke faults (tests only).
 
-    The step and the evaluation compile in two threads while the state is made (restored,
-    imported or initialised, itself a compile), so a 2-core machine compiles them side by
-    side. `alongside(config, tokenizer, trainer)`, if given, runs in a thread while the run
+    The step compiles in a thread while the state is made (restored, imported or
+    initialised, itself a compile) and evaluation and a save's fingerprints compile, so a
+    2-core machine compiles them side by side. `alongside(config, tokenizer, trainer)`, if given, runs in a thread while the run
     trains and has finished when this returns: train.py compiles its end-of-training
     sample's program there (an exception in it is the caller's to catch inside it).
 
@@ -68,9 +68,12 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         trainer = Trainer.build(plan.config, mesh)
         t = plan.config.train
         batch = plan.source.batch(t.seed, "train", 0, t.batch_size, rows=[0])  # for its shapes
-        compiled = [threads.submit(trainer.precompile, batch, (which,))
-                    for which in ("step", "eval")]
+        # The step, the longest compile, in a thread; this thread makes the state (for a
+        # fresh run the init, a compile) and then compiles evaluation and a save's
+        # fingerprints, so the two cores share ~7 s of single-threaded compiling evenly.
+        compiling = threads.submit(trainer.precompile, batch, ("step",))
         state, skipped = start_lib.initial_state(trainer, plan)
+        _precompile_quietly(trainer, batch, ("eval", "save"))
         restored = plan.found.step if plan.found else 0
         # TensorBoard curves continue after the restored step (earlier events from there on
         # are purged): only process 0 writes.
@@ -98,10 +101,8 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         log(sharding.describe(trainer.mesh))
         meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
                 "matmul_reason": matmul.reason}
-        threads.submit(trainer.precompile, batch, ("save",))  # first needed at a save
-        for future in compiled:
-            future.exception()  # wait: a first call during its compile would compile again;
-            # a compile that failed here fails again, with its error, at that first call
+        compiling.exception()  # wait: a first step during its compile would compile again;
+        # a compile that failed here fails again, with its error, at that first step
         if alongside is not None:
             threads.submit(alongside, plan.config, plan.tokenizer, trainer)
         try:
@@ -110,6 +111,14 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         finally:
             metrics_log.close()
     return state, plan.tokenizer
+
+
+def _precompile_quietly(trainer: Trainer, batch: dict, which) -> None:
+    """trainer.precompile, whose failure is left for the first real call to report."""
+    try:
+        trainer.precompile(batch, which)
+    except Exception:  # noqa: BLE001 - the same call, uncompiled, raises it properly
+        pass
 
 
 def finished_line(workdir, step: int) -> str:
