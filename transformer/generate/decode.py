@@ -71,8 +71,10 @@ MIN_BUCKET = 16
 # While the cache fills, a cache of up to this many slots is read whole: each shorter piece
 # is one more copy of the decode step to compile (for the quick start's 128-slot model, the
 # pieces of 32 and 64 slots cost ~1.4 s of its sample's ~4 s compile on a CPU), and what it
-# saves is attention over a few hundred slots, small beside the step's matmuls.
-MIN_SEGMENT = 256
+# saves is attention over a few dozen slots. At the bench's shape (512 slots, a 2-vCPU AMX
+# Xeon) 128 kept batch-8 decoding within 2-4% of pieces from 16 (6,029 against 6,112-6,251
+# tokens/s) and compiles ~25% less; 256 lost 13-17% (5,206-5,370).
+MIN_SEGMENT = 128
 
 
 class GenerationError(ValueError):
