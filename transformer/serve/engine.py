@@ -100,6 +100,21 @@ class _Row:
         self.ids.append(int(token))
         return self.cut.push(self.stream.push(token))
 
+    def push_many(self, tokens) -> str:
+        """`push` of each token, joined, with one TextStream and one StopText call for the
+        tokens before an end-of-text token (the same text: StopText's shown text and its
+        held-back tail do not depend on how the text was cut into pieces). Tokens after a
+        stop string's match are kept in `ids` too; `Engine._ids_within` trims them."""
+        if self.stopped:
+            return ""
+        tokens = [int(t) for t in tokens]
+        if self.eot is not None and self.eot in tokens:
+            k = tokens.index(self.eot)
+            piece = self.push_many(tokens[:k]) if k else ""
+            return piece + self.push(self.eot)
+        self.ids.extend(tokens)
+        return self.cut.push(self.stream.push_many(tokens))
+
     def finish(self) -> str:
         if self.stopped:
             return ""
@@ -240,12 +255,9 @@ class Engine:
         """A chunk's tokens into the row's text; its new text goes out as one piece (one
         server-sent event per chunk rather than per token: with many clients, the per-event
         work on the host, not the device, was what limited tokens/s)."""
-        pieces = []
-        for token in tokens:
-            seq.made += 1
-            self.stats["tokens"] += 1
-            pieces.append(seq.row.push(int(token)))
-        piece = "".join(pieces)
+        seq.made += len(tokens)
+        self.stats["tokens"] += len(tokens)
+        piece = seq.row.push_many(tokens)
         if piece:
             seq.emit(seq.index, piece)
 
