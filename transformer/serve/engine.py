@@ -9,7 +9,8 @@ Every choice of every request is one row of one running batch (`generate/slots.p
 device thread decodes up to `max_batch` rows together, CHUNK = 16 tokens per device call;
 between calls, rows that ended (their end-of-text token, a stop string, max_tokens, a client
 that left) leave and waiting rows take their slots, in arrival order. A row's prompt is
-prefilled alone when it joins, its keys are its own (choice j of seed s draws token i with
+prefilled when it joins (with the rows joining at the same time whose prompts pad to the same
+length), its keys are its own (choice j of seed s draws token i with
 fold_in(fold_in(key(s), j), i), as sample.py's sample j), and its slot holds what a decode of
 it alone would hold, so each request gets the text it gets alone and that
 `sample.py --num_samples=n` gives with the same seed (tests/test_serve_batching.py).
@@ -20,10 +21,11 @@ inspect) runs on its job's thread. A job cancelled before any of its rows reache
 never runs (its future is cancelled).
 
 Compiled once, at warm_up: the chunk program and the re-prefill at every row bucket
-(generate/slots.py), the one-row prefill at every prompt bucket, and the scoring and
-attention passes at every length bucket. The KV cache (max_batch rows x the context) is
-allocated when the engine is made, so memory does not grow with the load; nothing compiles
-per request.
+(generate/slots.py; the re-prefill's program also prefills rows that join together, so it is
+compiled at every prompt bucket too), the one-row prefill at every prompt bucket, and the
+scoring and attention passes at every length bucket. The KV cache (max_batch rows x the
+context) is allocated when the engine is made, so memory does not grow with the load;
+nothing compiles per request.
 """
 
 from __future__ import annotations
@@ -213,8 +215,8 @@ class Engine:
                     if not self.waiting:
                         break
                     admit.append((b, self.waiting.popleft()))
-            for b, seq in admit:
-                self._admit(b, seq)
+            if admit:
+                self._admit(admit)
             self._release_ended()  # before the chunk: a row may end on its first token
             if self.busy and self.slots.live.any():
                 tokens_BK, made_B = self.slots.run_chunk()
@@ -240,16 +242,21 @@ class Engine:
                 del self.busy[b]
                 seq.done.set()
 
-    def _admit(self, b: int, seq: _Seq) -> None:
-        r = seq.request
-        if not seq.job.on_device:
-            seq.job.on_device = True
-            self.stats["jobs"] += 1
-        token = self.slots.admit(b, seq.ids, seed=r.seed, choice=seq.choice,
-                                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                 limit=r.max_tokens, eos=-1 if self.eot is None else self.eot)
-        self.busy[b] = seq
-        self._deliver(seq, [token])
+    def _admit(self, admit) -> None:
+        """Rows (slot, seq) into their slots, prefilled together where their prompts share a
+        length bucket (Slots.admit_many), each with its first token."""
+        entries = []
+        for b, seq in admit:
+            r = seq.request
+            if not seq.job.on_device:
+                seq.job.on_device = True
+                self.stats["jobs"] += 1
+            entries.append((b, seq.ids, dict(
+                seed=r.seed, choice=seq.choice, temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, limit=r.max_tokens, eos=-1 if self.eot is None else self.eot)))
+        for (b, seq), token in zip(admit, self.slots.admit_many(entries)):
+            self.busy[b] = seq
+            self._deliver(seq, [token])
 
     def _deliver(self, seq: _Seq, tokens) -> None:
         """A chunk's tokens into the row's text; its new text goes out as one piece (one
