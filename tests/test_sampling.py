@@ -84,3 +84,29 @@ def test_top_p_one_keeps_every_token_of_a_large_vocabulary():
 def test_top_k_zero_and_top_p_one_filter_nothing(logits):
     scaled = np.asarray(filter_logits(logits, 0.5, 0, 1.0))
     np.testing.assert_allclose(scaled, np.asarray(logits) / 0.5, rtol=1e-6)
+
+
+def test_argmax_is_jnp_argmax_ties_and_minus_inf_included():
+    """sampling.argmax (a max and a min of indices, fast on XLA-CPU) picks what jnp.argmax
+    picks: the first of tied maxima, never a -inf (filtered) entry, for every row."""
+    from transformer.generate.sampling import argmax
+    rng = np.random.default_rng(0)
+    x = rng.integers(-3, 3, (64, V)).astype(np.float32)  # many ties
+    x[rng.random((64, V)) < 0.5] = -np.inf
+    x[:, 7] = np.where(np.isinf(x).all(-1), 0.0, x[:, 7])  # every row keeps one finite entry
+    np.testing.assert_array_equal(jax.jit(argmax)(x), np.argmax(x, -1))
+
+
+def test_draws_are_jax_random_categorical():
+    """The draw is jax.random.categorical's (the same Gumbel noise and the same argmax), one
+    key per row or one for all rows: every published sampled text stays what it was."""
+    from transformer.generate.sampling import categorical, categorical_rows
+    logits = jax.random.normal(jax.random.key(4), (5, V)) * 2.0
+    for seed in range(20):
+        key = jax.random.key(seed)
+        np.testing.assert_array_equal(jax.jit(categorical)(key, logits),
+                                      jax.random.categorical(key, logits))
+        rbg = [jax.random.wrap_key_data(jnp.tile(jax.random.key_data(jax.random.fold_in(key, b)),
+                                                 2), impl="unsafe_rbg") for b in range(5)]
+        expected = [int(jax.random.categorical(k, logits[b])) for b, k in enumerate(rbg)]
+        assert np.asarray(jax.jit(categorical_rows)(logits, rbg)).tolist() == expected

@@ -39,19 +39,29 @@ def _config(variant) -> ModelConfig:
                        max_seq_len=32, matmul="plain", **VARIANTS[variant])
 
 
-def batched(config, params, rows, max_batch=3, chunk=8, slots=None) -> list[list[int]]:
-    """Every row through a Slots batch: admitted when a slot is free, released when done."""
+def batched(config, params, rows, max_batch=3, chunk=8, slots=None,
+            together=False) -> list[list[int]]:
+    """Every row through a Slots batch: admitted when a slot is free, released when done.
+    With `together`, the rows that find a free slot at the same chunk are admitted in one
+    `admit_many` (as the server admits them)."""
     slots = slots or slots_lib.Slots(config, params, max_batch=max_batch, chunk=chunk)
     out, waiting, where = [[] for _ in rows], list(range(len(rows))), {}
     while waiting or where:
+        entries = []
         for b in slots.free():
             if not waiting:
                 break
             r = waiting.pop(0)
             prompt, seed, choice, t, k, p, limit = rows[r]
-            out[r].append(slots.admit(b, prompt, seed=seed, choice=choice, temperature=t,
-                                      top_k=k, top_p=p, limit=limit))
+            entries.append((b, prompt, dict(seed=seed, choice=choice, temperature=t, top_k=k,
+                                            top_p=p, limit=limit)))
             where[b] = r
+        if together:
+            tokens = slots.admit_many(entries)
+        else:
+            tokens = [slots.admit(b, prompt, **knobs) for b, prompt, knobs in entries]
+        for (b, _, _), token in zip(entries, tokens):
+            out[where[b]].append(token)
         tokens_BK, made_B = slots.run_chunk()
         for b, r in list(where.items()):
             out[r] += tokens_BK[b, :made_B[b]].tolist()
@@ -255,3 +265,35 @@ def test_sample_rows_gives_each_row_its_token_alone(filters):
         alone = [int(sampling.sample(logits_BV[b:b + 1], [keys[b]], temperature[b], top_k[b],
                                      top_p[b])[0]) for b in range(B)]
         assert np.asarray(together).tolist() == alone
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rows_admitted_together_are_prefilled_in_one_call_with_their_tokens_alone(
+        variant, monkeypatch):
+    """Rows that join at the same chunk with prompts of one length bucket are prefilled in
+    one call (`admit_many`: the re-prefill's program at that length), and each text is still
+    its text alone, token for token; nothing compiles after warm-up."""
+    from tests.test_decode import CompileCounter
+
+    config = _config(variant)
+    params = init_params(config, jax.random.key(1))
+    rows = _rows()
+    slots = slots_lib.Slots(config, params, max_batch=4, chunk=8)
+    slots.warm_up()
+    prefills, admitting = [], []
+    original_admit, original_call = slots.admit_many, slots._run_reprefill
+    monkeypatch.setattr(slots, "admit_many", lambda entries: admitting.append(1) or (
+        original_admit(entries), admitting.pop())[0])
+    monkeypatch.setattr(slots, "_run_reprefill", lambda need, tokens: (
+        admitting and prefills.append(len(need))) or original_call(need, tokens))
+    counter = CompileCounter()
+    try:
+        got = batched(config, params, rows, slots=slots, together=True)
+    finally:
+        counter.close()
+    assert counter.count == 0
+    assert max(prefills) > 1  # several rows prefilled in one call
+    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
+        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
+                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
+        assert tokens == alone

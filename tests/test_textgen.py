@@ -157,3 +157,27 @@ def test_a_served_choice_ends_at_the_end_of_text_token_with_finish_reason_stop(
     engine.close()
     assert choice.text == tok.decode(free[:position]) and choice.finish_reason == "stop"
     assert choice.ids == list(free[:position])
+
+
+def test_a_served_row_gives_the_same_text_a_chunk_at_a_time_as_token_by_token():
+    """engine._Row.push_many (a chunk's tokens in one TextStream and one StopText call) gives
+    what push gives token by token, joined per chunk: the same pieces, the same text, stop
+    and ids kept; on bytes that break characters (held back, then token by token), stop
+    strings spanning chunks, and the end-of-text token."""
+    from transformer.serve.engine import Engine, _Row
+    tok, rng = tokenizers.ByteTokenizer(eot=True), random.Random(1)
+    alphabet = list(b"ab \n") + [0xE4, 0xB8, 0xAD, 0xC3, 0xAF, 0xFF, 256]
+    ids_within = Engine._ids_within.__get__(type("E", (), {"tokenizer": tok})())
+    for trial in range(400):
+        stops = rng.choice([None, ["b\n"], ["ab", "\n\n"], ["中a"]])
+        ids = [rng.choice(alphabet if trial % 2 else alphabet[:4]) for _ in range(60)]
+        one, many = _Row(tok, stops), _Row(tok, stops)
+        i = 0
+        while i < len(ids):
+            k = rng.randint(1, 16)
+            chunk = ids[i:i + k]
+            assert "".join(one.push(t) for t in chunk) == many.push_many(chunk)
+            i += k
+        assert one.finish() == many.finish()
+        assert (one.text, one.stopped) == (many.text, many.stopped)
+        assert ids_within(one) == ids_within(many)

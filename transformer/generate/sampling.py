@@ -58,6 +58,32 @@ def filter_logits(logits_BV, temperature, top_k, top_p):
     return jnp.where(scaled_BV >= threshold_B1, scaled_BV, -jnp.inf)
 
 
+def argmax(x_BV):
+    """jnp.argmax over the last axis (the first index of the largest value), as a max and a
+    min of indices: two plain reductions. XLA-CPU runs jnp.argmax's one two-operand reduce
+    as a scalar loop over everything fused into it: with the Gumbel noise fused in, a
+    batch-8 draw over 256 tokens cost ~40 µs a step against ~4 µs this way (2-vCPU Sapphire
+    Rapids). The same index as jnp.argmax for rows without NaN (logits; -inf where filtered)."""
+    V = x_BV.shape[-1]
+    first_BV = jnp.where(x_BV == jnp.max(x_BV, axis=-1, keepdims=True),
+                         jnp.arange(V, dtype=jnp.int32), V)
+    return jnp.min(first_BV, axis=-1)
+
+
+def categorical(key, logits_BV):
+    """jax.random.categorical(key, logits_BV) (the same Gumbel noise, so the same tokens),
+    with `argmax`."""
+    return argmax(logits_BV + jax.random.gumbel(key, logits_BV.shape, logits_BV.dtype))
+
+
+def categorical_rows(logits_BV, keys):
+    """Row b drawn with keys[b] (a sequence of B keys): jax.random.categorical(keys[b],
+    logits_BV[b]) for each row, one argmax for all rows."""
+    noise_BV = jnp.stack([jax.random.gumbel(k, logits_BV.shape[-1:], logits_BV.dtype)
+                          for k in keys])
+    return argmax(logits_BV + noise_BV)
+
+
 def sample(logits_BV, key, temperature, top_k, top_p):
     """One token per row: argmax when temperature is 0, else a draw from the filtered softmax.
 
@@ -69,12 +95,11 @@ def sample(logits_BV, key, temperature, top_k, top_p):
     def draw(logits_BV):
         filtered_BV = filter_logits(logits_BV, temperature, top_k, top_p)
         if isinstance(key, (list, tuple)):
-            return jnp.stack([jax.random.categorical(k, filtered_BV[b])
-                              for b, k in enumerate(key)])
-        return jax.random.categorical(key, filtered_BV)
+            return categorical_rows(filtered_BV, key)
+        return categorical(key, filtered_BV)
 
     def greedy(logits_BV):
-        return jnp.argmax(logits_BV, axis=-1)
+        return argmax(logits_BV)
 
     # A branch, not a select: greedy decoding skips the sort that the filters need.
     return jax.lax.cond(temperature > 0, draw, greedy, logits_BV).astype(jnp.int32)
@@ -93,10 +118,8 @@ def sample_rows(logits_BV, keys, temperature_B, top_k_B, top_p_B):
         filtered_BV = jax.lax.cond(
             filtering, lambda x: filter_logits(x, temperature_B, top_k_B, top_p_B),
             lambda x: x / jnp.maximum(temperature_B, 1e-6)[:, None], logits_BV)
-        return jnp.stack([jax.random.categorical(k, filtered_BV[b])
-                          for b, k in enumerate(keys)]).astype(jnp.int32)
+        return categorical_rows(filtered_BV, keys)
 
     drawn_B = jax.lax.cond(jnp.any(temperature_B > 0), draw,
                            lambda x: jnp.zeros(x.shape[0], jnp.int32), logits_BV)
-    return jnp.where(temperature_B > 0, drawn_B,
-                     jnp.argmax(logits_BV, axis=-1).astype(jnp.int32))
+    return jnp.where(temperature_B > 0, drawn_B, argmax(logits_BV))

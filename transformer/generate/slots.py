@@ -17,7 +17,9 @@ has its own slot index (`index_B`): the cache write, the mask and the positions 
 row, so rows need not be aligned, and a row's cache is never moved.
 
 - `admit` prefills one row (a program per prompt bucket, its cache row cut out of the batch
-  cache and written back in place) and samples its first token.
+  cache and written back in place) and samples its first token; `admit_many` prefills the
+  rows that join together and share a prompt bucket in one call of a row bucket (the
+  re-prefill's program below, compiled per row bucket and length).
 - `run_chunk` runs CHUNK decode steps for the live rows at once (one compiled `fori_loop`),
   in the smallest row bucket R (1, 2, 4, ... max_batch) that holds them: their cache rows
   are cut out of the batch cache, decoded and written back, so a lone request pays for one
@@ -115,7 +117,8 @@ def _put_rows(cache, slot_R, rows_cache, G: int, unique: bool = True):
 
 def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, seed_R, choice_R, i_R,
                     temperature_R, top_k_R, top_p_R, *, config: ModelConfig):
-    """`_prefill` for R rows at once, all W long (a re-prefill's length), each at its own
+    """`_prefill` for R rows at once, all of one length (W for a re-prefill, a prompt bucket
+    for `admit_many`), each at its own
     cache row `slot_R[r]` (a slot may repeat: the bucket's padding repeats a row, whose
     writes are then the same), with its own positions, key and knobs. Returns (cache,
     token_R). Each row's token is the one its one-row prefill gives: its matmul rows, key
@@ -251,14 +254,18 @@ class Slots:
 
     def warm_up(self) -> None:
         """Compiles every prefill length (on slot 0, which stays free), and the chunk and the
-        re-prefill at every row bucket (on free rows, which do not advance)."""
+        re-prefill at every row bucket (on free rows, which do not advance), the latter also
+        at every prompt bucket for rows admitted together (`admit_many`)."""
         for P in self.buckets():
             self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
         for R in self.row_buckets:
             self._run_rows(np.arange(R))
+            lengths = set(self.buckets()) if R > 1 else set()  # admit_many's prefills
             if decode.window_policy(self.config) == "reprefill":
-                self._run_reprefill([0] * R, [[decode.PAD_ID] * decode.keep_length(self.S)] * R)
+                lengths.add(decode.keep_length(self.S))
+            for P in sorted(lengths):
+                self._run_reprefill([0] * R, [[decode.PAD_ID] * P] * R)
 
     def bucket(self, rows: int) -> int:
         """The smallest row bucket that holds `rows` rows."""
@@ -280,16 +287,42 @@ class Slots:
               top_k: int, top_p: float, limit: int, eos: int = -1) -> int:
         """Prefills slot b with a prompt (token ids; its last S if longer), samples its first
         token and returns it. `limit`: the most tokens the row makes; `eos`: its end token."""
-        prompt_BP, start_B = decode.left_pad([prompt], self.S)
-        tokens, start = prompt_BP[0].tolist(), int(start_B[0])
-        knobs = (temperature, top_k, top_p)
-        token = self._run_prefill(b, tokens, start, seed, choice, 0, knobs)
-        self.slots[b] = _Slot(tokens)
-        self.start[b], self.seed[b], self.choice[b], self.limit[b] = start, seed, choice, limit
-        self.temperature[b], self.top_k[b], self.top_p[b], self.eos[b] = *knobs, eos
-        self.token[b], self.index[b], self.i[b] = token, len(tokens), 1
-        self.live[b] = token != eos and limit > 1
-        return token
+        return self.admit_many([(b, prompt, dict(seed=seed, choice=choice,
+                                                 temperature=temperature, top_k=top_k,
+                                                 top_p=top_p, limit=limit, eos=eos))])[0]
+
+    def admit_many(self, entries) -> list[int]:
+        """`admit` for several slots: entries (b, prompt, knobs as admit's keywords). Rows
+        whose prompts pad to the same bucket P are prefilled in one call of the smallest row
+        bucket that holds them (the re-prefill's program, which is a prefill of R rows of
+        one length: each row's token is the one its one-row prefill gives), not one call
+        each: at 8 clients the one-row prefills took a third of the device thread. Returns
+        each entry's first token."""
+        groups: dict[int, list] = {}
+        for n, (b, prompt, knobs) in enumerate(entries):
+            prompt_BP, start_B = decode.left_pad([prompt], self.S)
+            tokens, start = prompt_BP[0].tolist(), int(start_B[0])
+            self.slots[b] = _Slot(tokens)
+            self.start[b], self.seed[b], self.choice[b] = start, knobs["seed"], knobs["choice"]
+            self.limit[b], self.eos[b] = knobs["limit"], knobs.get("eos", -1)
+            self.temperature[b], self.top_k[b], self.top_p[b] = (
+                knobs["temperature"], knobs["top_k"], knobs["top_p"])
+            self.i[b] = 0
+            groups.setdefault(len(tokens), []).append((n, b, tokens))
+        out = [0] * len(entries)
+        for P, group in groups.items():
+            if len(group) == 1:
+                (n, b, tokens), = group
+                knobs = (self.temperature[b], self.top_k[b], self.top_p[b])
+                token_R = [self._run_prefill(b, tokens, self.start[b], self.seed[b],
+                                             self.choice[b], 0, knobs)]
+            else:
+                token_R = self._run_reprefill([b for _, b, _ in group], [t for *_, t in group])
+            for (n, b, tokens), token in zip(group, token_R):
+                self.token[b], self.index[b], self.i[b] = token, P, 1
+                self.live[b] = token != self.eos[b] and self.limit[b] > 1
+                out[n] = token
+        return out
 
     def release(self, b: int) -> None:
         self.slots[b] = None

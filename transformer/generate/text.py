@@ -53,6 +53,18 @@ class TextStream:
                 return head
         return ""
 
+    def push_many(self, token_ids) -> str:
+        """The pieces `push` gives for each of token_ids, joined. One decode for all of them
+        when nothing is held, the tokenizer's text is its tokens' texts joined (byte, char)
+        and theirs holds no replacement character (then every push would have given its
+        text at once); else token by token. A server's chunk of 16 tokens cost ~9.5 µs a
+        token pushed one by one (a loaded 2-vCPU Sapphire Rapids)."""
+        if not self.held and getattr(self.tokenizer, "kind", None) in ("byte", "char"):
+            text = self.tokenizer.decode(token_ids)
+            if REPLACEMENT not in text:
+                return text
+        return "".join(self.push(t) for t in token_ids)
+
     def finish(self) -> str:
         text = self.tokenizer.decode(self.held) if self.held else ""
         self.held = []

@@ -96,14 +96,22 @@ def read(layer_cache: dict, batch: int):
 def write(layer_cache: dict, k_BGTK, v_BGTK, index) -> dict:
     """Writes T new keys and values at slots index .. index+T-1 (in place under jit).
     `index` is one slot for every row, or one per row ([B], continuous batching: each row's
-    G heads are then written at its own slot, one in-place update per row)."""
+    G heads are then written at its own slot: one scatter for a single new token, else one
+    in-place update per row)."""
     B, G = k_BGTK.shape[:2]
 
     def put(x_NSK, new_BGTK):
         new_NTK = _to_rows(new_BGTK, B, G).astype(x_NSK.dtype)
         if jnp.ndim(index) == 1:
-            # B small updates rather than one scatter: each is a dynamic_update_slice that
-            # XLA-CPU runs in place (no mesh here: the rows are in plain b·G + g order).
+            # No mesh here: the rows are in plain b·G + g order.
+            if new_NTK.shape[1] == 1:
+                # A decode step: every row's one new entry in one scatter (in place under
+                # donation), not B updates: a batch-16 chunk of configs/tiny's shape ran 6,810
+                # ops instead of 7,922 and took 2.42 ms against 2.81 ms (2-vCPU Sapphire Rapids).
+                slot_N = jnp.minimum(jnp.repeat(index, G), x_NSK.shape[1] - 1)  # as DUS clamps
+                return x_NSK.at[jnp.arange(B * G), slot_N].set(
+                    new_NTK[:, 0], unique_indices=True, indices_are_sorted=True)
+            # A prefill: B dynamic_update_slices, each run in place by XLA-CPU.
             for b in range(B):
                 x_NSK = jax.lax.dynamic_update_slice(x_NSK, new_NTK[b * G:(b + 1) * G],
                                                      (b * G, index[b], 0))

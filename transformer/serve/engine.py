@@ -9,7 +9,8 @@ Every choice of every request is one row of one running batch (`generate/slots.p
 device thread decodes up to `max_batch` rows together, CHUNK = 16 tokens per device call;
 between calls, rows that ended (their end-of-text token, a stop string, max_tokens, a client
 that left) leave and waiting rows take their slots, in arrival order. A row's prompt is
-prefilled alone when it joins, its keys are its own (choice j of seed s draws token i with
+prefilled when it joins (with the rows joining at the same time whose prompts pad to the same
+length), its keys are its own (choice j of seed s draws token i with
 fold_in(fold_in(key(s), j), i), as sample.py's sample j), and its slot holds what a decode of
 it alone would hold, so each request gets the text it gets alone and that
 `sample.py --num_samples=n` gives with the same seed (tests/test_serve_batching.py).
@@ -20,10 +21,11 @@ inspect) runs on its job's thread. A job cancelled before any of its rows reache
 never runs (its future is cancelled).
 
 Compiled once, at warm_up: the chunk program and the re-prefill at every row bucket
-(generate/slots.py), the one-row prefill at every prompt bucket, and the scoring and
-attention passes at every length bucket. The KV cache (max_batch rows x the context) is
-allocated when the engine is made, so memory does not grow with the load; nothing compiles
-per request.
+(generate/slots.py; the re-prefill's program also prefills rows that join together, so it is
+compiled at every prompt bucket too), the one-row prefill at every prompt bucket, and the
+scoring and attention passes at every length bucket. The KV cache (max_batch rows x the
+context) is allocated when the engine is made, so memory does not grow with the load;
+nothing compiles per request.
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ class _Row:
             return piece
         self.ids.append(int(token))
         return self.cut.push(self.stream.push(token))
+
+    def push_many(self, tokens) -> str:
+        """`push` of each token, joined, with one TextStream and one StopText call for the
+        tokens before an end-of-text token (the same text: StopText's shown text and its
+        held-back tail do not depend on how the text was cut into pieces). Tokens after a
+        stop string's match are kept in `ids` too; `Engine._ids_within` trims them."""
+        if self.stopped:
+            return ""
+        tokens = [int(t) for t in tokens]
+        if self.eot is not None and self.eot in tokens:
+            k = tokens.index(self.eot)
+            piece = self.push_many(tokens[:k]) if k else ""
+            return piece + self.push(self.eot)
+        self.ids.extend(tokens)
+        return self.cut.push(self.stream.push_many(tokens))
 
     def finish(self) -> str:
         if self.stopped:
@@ -198,8 +215,8 @@ class Engine:
                     if not self.waiting:
                         break
                     admit.append((b, self.waiting.popleft()))
-            for b, seq in admit:
-                self._admit(b, seq)
+            if admit:
+                self._admit(admit)
             self._release_ended()  # before the chunk: a row may end on its first token
             if self.busy and self.slots.live.any():
                 tokens_BK, made_B = self.slots.run_chunk()
@@ -225,27 +242,29 @@ class Engine:
                 del self.busy[b]
                 seq.done.set()
 
-    def _admit(self, b: int, seq: _Seq) -> None:
-        r = seq.request
-        if not seq.job.on_device:
-            seq.job.on_device = True
-            self.stats["jobs"] += 1
-        token = self.slots.admit(b, seq.ids, seed=r.seed, choice=seq.choice,
-                                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                 limit=r.max_tokens, eos=-1 if self.eot is None else self.eot)
-        self.busy[b] = seq
-        self._deliver(seq, [token])
+    def _admit(self, admit) -> None:
+        """Rows (slot, seq) into their slots, prefilled together where their prompts share a
+        length bucket (Slots.admit_many), each with its first token."""
+        entries = []
+        for b, seq in admit:
+            r = seq.request
+            if not seq.job.on_device:
+                seq.job.on_device = True
+                self.stats["jobs"] += 1
+            entries.append((b, seq.ids, dict(
+                seed=r.seed, choice=seq.choice, temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, limit=r.max_tokens, eos=-1 if self.eot is None else self.eot)))
+        for (b, seq), token in zip(admit, self.slots.admit_many(entries)):
+            self.busy[b] = seq
+            self._deliver(seq, [token])
 
     def _deliver(self, seq: _Seq, tokens) -> None:
         """A chunk's tokens into the row's text; its new text goes out as one piece (one
         server-sent event per chunk rather than per token: with many clients, the per-event
         work on the host, not the device, was what limited tokens/s)."""
-        pieces = []
-        for token in tokens:
-            seq.made += 1
-            self.stats["tokens"] += 1
-            pieces.append(seq.row.push(int(token)))
-        piece = "".join(pieces)
+        seq.made += len(tokens)
+        self.stats["tokens"] += len(tokens)
+        piece = seq.row.push_many(tokens)
         if piece:
             seq.emit(seq.index, piece)
 

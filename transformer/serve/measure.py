@@ -3,6 +3,7 @@ concurrent clients.
 
     python -m transformer.serve.measure --workdir=runs/tiny          starts its own server
     python -m transformer.serve.measure --url=http://127.0.0.1:8000   measures a running one
+    python -m transformer.serve.measure --workdir=runs/tiny --nostream  unstreamed requests
 
 Each client sends streamed completions one after the other (temperature 0.8, its own seeds,
 the prompt "def "), about `--tokens_per_client` tokens per round in all. Two tables:
@@ -54,6 +55,9 @@ _PAST_TOKENS = flags.DEFINE_integer(
     "past_tokens", 128, "New tokens per request of the second table, past the context (0: "
     "no second table).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Rounds per client count.")
+_STREAM = flags.DEFINE_bool(
+    "stream", True, "Streamed requests (server-sent events; time to first token measured); "
+    "--nostream: each request's whole text in one JSON answer (no TTFT).")
 
 
 def cpu_model() -> str:
@@ -85,10 +89,17 @@ def in_context_tokens(url: str) -> int:
     return context - reply["usage"]["prompt_tokens"]
 
 
-def one_request(http, url, seed: int, max_tokens: int) -> tuple[float, float]:
-    """(seconds to the first piece of text, seconds to [DONE]) of one streamed request."""
+def one_request(http, url, seed: int, max_tokens: int,
+                stream: bool = True) -> tuple[float, float]:
+    """(seconds to the first piece of text, seconds to [DONE]) of one streamed request; of
+    one unstreamed request, (nan, seconds to its answer)."""
     begin, first = time.perf_counter(), None
-    body = dict(prompt=PROMPT, max_tokens=max_tokens, temperature=0.8, seed=seed, stream=True)
+    body = dict(prompt=PROMPT, max_tokens=max_tokens, temperature=0.8, seed=seed, stream=stream)
+    if not stream:
+        reply = http.post(f"{url}/v1/completions", json=body, timeout=600)
+        reply.raise_for_status()
+        reply.json()
+        return float("nan"), time.perf_counter() - begin
     with http.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
@@ -109,7 +120,8 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None):
+def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
+              stream: bool = True):
     """(tokens/s of the round, [(ttft, latency)] of its requests, server CPU ms per token,
     clients' CPU ms per token). The CPU figures do not depend on what else the machine runs:
     on a shared machine they say what the round would cost with the cores to itself. The
@@ -122,7 +134,7 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None):
     def client(c):
         with httpx.Client(timeout=600) as http:
             for r in range(requests):
-                t = one_request(http, url, c * 1000 + r, max_tokens)
+                t = one_request(http, url, c * 1000 + r, max_tokens, stream)
                 with lock:
                     timings.append(t)
 
@@ -147,14 +159,14 @@ def _percentile(xs, q: float) -> float:
 
 
 def measure(url: str, clients_list, requests: int, max_tokens: int, repeats: int, out=print,
-            pid=None):
+            pid=None, stream: bool = True):
     """One table: a line per client count."""
-    one_round(url, 1, 1, max_tokens)  # the first request of a fresh server
+    one_round(url, 1, 1, max_tokens, stream=stream)  # the first request of a fresh server
     base = None
     for clients in clients_list:
         rates, timings, server_ms, client_ms = [], [], [], []
         for _ in range(repeats):
-            rate, t, server, own = one_round(url, clients, requests, max_tokens, pid)
+            rate, t, server, own = one_round(url, clients, requests, max_tokens, pid, stream)
             rates.append(rate)
             timings += t
             server_ms.append(server)
@@ -162,9 +174,11 @@ def measure(url: str, clients_list, requests: int, max_tokens: int, repeats: int
         rate = statistics.median(rates)
         base = base or rate
         ttft, latency = [t[0] for t in timings], [t[1] for t in timings]
+        ttft_text = (f"TTFT p50 {_percentile(ttft, 50):.3f} s, p99 {_percentile(ttft, 99):.3f} s"
+                     if stream else "TTFT n/a (not streamed)")
         out(f"{clients:>3} client(s): {rate:8,.0f} tokens/s ({rate / base:4.1f}x one client; "
-            f"rounds {', '.join(f'{r:,.0f}' for r in rates)}); TTFT p50 {_percentile(ttft, 50):.3f}"
-            f" s, p99 {_percentile(ttft, 99):.3f} s; latency p50 {_percentile(latency, 50):.2f} s, "
+            f"rounds {', '.join(f'{r:,.0f}' for r in rates)}); {ttft_text}"
+            f"; latency p50 {_percentile(latency, 50):.2f} s, "
             f"p99 {_percentile(latency, 99):.2f} s; CPU per token: server "
             f"{statistics.median(server_ms):.3f} ms, clients {statistics.median(client_ms):.3f} ms")
 
@@ -215,11 +229,11 @@ def main(argv):
             tables.append(("past the context", _PAST_TOKENS.value))
         for name, max_tokens in tables:
             requests = max(1, -(-_TOKENS_PER_CLIENT.value // max_tokens))
-            print(f"{name}: {requests} requests of {max_tokens} new tokens per client per round",
-                  flush=True)
+            print(f"{name}: {requests} {'streamed' if _STREAM.value else 'unstreamed'} "
+                  f"requests of {max_tokens} new tokens per client per round", flush=True)
             measure(url, list(map(int, _CLIENTS.value)), requests, max_tokens, _REPEATS.value,
                     out=lambda line: print(line, flush=True),
-                    pid=_SERVER_PID.value if proc is None else proc.pid)
+                    pid=_SERVER_PID.value if proc is None else proc.pid, stream=_STREAM.value)
     finally:
         if proc is not None:
             proc.terminate()
