@@ -14,7 +14,6 @@ a window is read with pread (see _Shard), so nothing grows with the data but the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -200,9 +199,13 @@ class _Shard:
         size = self.dtype.itemsize
         return np.frombuffer(os.pread(self.fd, count * size, start * size), self.dtype)
 
-    def __del__(self):
-        with contextlib.suppress(OSError, AttributeError):
-            os.close(self.fd)
+    def __del__(self, _close=os.close):
+        # os.close bound at definition: at interpreter exit the module's globals (os,
+        # contextlib) may already be None when the last shard is collected.
+        try:
+            _close(self.fd)
+        except (OSError, AttributeError):
+            pass
 
 
 def permute(x: np.ndarray, n: int, key) -> np.ndarray:
