@@ -51,7 +51,6 @@ from transformer.model import attention, kernels, kvcache, rope
 INIT_STD = 0.02
 
 # A matmul that sums in float32 and returns float32, whatever its inputs' dtype.
-_float32_dot = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
 
 
 class _AxisNames(nn.LogicallyPartitioned):
@@ -212,6 +211,20 @@ _REMAT_POLICY = {
 }
 
 
+class _HeadKernel(nn.Module):
+    """The untied head's weights, [D, V], under nn.Dense's names (head/kernel), so that
+    checkpoints and the Hugging Face mapping see the layer they always did; the seam
+    (kernels.head) multiplies by it."""
+
+    features: int
+    param_dtype: object
+
+    @nn.compact
+    def __call__(self, d_model: int):
+        init = _logical(nn.initializers.normal(INIT_STD), ("embed", "vocab"))
+        return self.param("kernel", init, (d_model, self.features), self.param_dtype)
+
+
 class GPT(nn.Module):
     """tokens → logits, or (tokens, cache) → (logits, cache) when decoding."""
 
@@ -261,18 +274,15 @@ class GPT(nn.Module):
 
         # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.
         h_BTD = _norm(c, "ln_final")(x_BTD) if c.norm_placement == "pre" else x_BTD
-        # The head's products are summed in float32 whatever the compute dtype: with bfloat16
-        # a bfloat16 result would round every logit (spacing 0.0625 at |logit| ≈ 10) before
-        # the softmax and the loss see it. (embed.attend and a plain nn.Dense return c.dtype.)
+        # logits = h W, W the embedding transposed (tied) or the head's own [D, V] kernel,
+        # summed in float32 whatever the compute dtype: a bfloat16 result would round every
+        # logit (spacing 0.0625 at |logit| ≈ 10) before the softmax and the loss see it.
+        head = kernels.for_model(c).head
         if c.tie_embeddings:
-            h_BTD, e_VD = nn.dtypes.promote_dtype(h_BTD, embed.embedding, dtype=c.dtype)
-            logits_BTV = jnp.dot(h_BTD, e_VD.T, preferred_element_type=jnp.float32)
+            logits_BTV = head(h_BTD, embed.embedding, tied=True)
         else:
-            logits_BTV = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
-                                  param_dtype=c.param_dtype, name="head",
-                                  kernel_init=_logical(nn.initializers.normal(INIT_STD),
-                                                       ("embed", "vocab")),
-                                  dot_general=_float32_dot)(h_BTD)
+            logits_BTV = head(h_BTD, _HeadKernel(c.vocab_size, c.param_dtype, name="head")(
+                c.d_model))
         logits_BTV = logits_BTV.astype(jnp.float32)
         if c.logit_softcap:  # smooth and bounded: |logit| < c, ≈ the logit itself when small
             logits_BTV = c.logit_softcap * jnp.tanh(logits_BTV / c.logit_softcap)

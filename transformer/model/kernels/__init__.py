@@ -48,6 +48,7 @@ class Kernels:
     mask_BHTS) and return (out_BHTK, weights_BHTS or None)."""
 
     dense: Callable[..., nn.Module]  # (features, axis=-1, name=, kernel_init=, bias_init=)
+    head: Callable  # (h_BTD, w, tied) -> float32 logits_BTV: h w (w [D, V]), or h wᵀ (tied: w [V, D])
     self_attention: Callable  # training and scoring: queries and keys at the same positions
     cached_attention: Callable  # decoding: queries over the KV cache's slots
 
@@ -60,7 +61,7 @@ def matmul_mode(config) -> str:
 
 def for_model(config) -> Kernels:
     """The dense layer and attention for a ModelConfig."""
-    return Kernels(_dense(config), *_attention(config))
+    return Kernels(_dense(config), _head(config), *_attention(config))
 
 
 def _dense(config) -> Callable[..., nn.Module]:
@@ -69,6 +70,27 @@ def _dense(config) -> Callable[..., nn.Module]:
         return functools.partial(_flax_dense, dtype=config.dtype, param_dtype=config.param_dtype)
     return functools.partial(dense.DenseGeneral, compute_dtype=_COMPUTE_DTYPE[mode],
                              dtype=config.dtype, param_dtype=config.param_dtype)
+
+
+def _head(config) -> Callable:
+    """The logits, h_BTD @ w_DV summed in float32 (a bfloat16 sum would round every logit
+    before the softmax sees it); `tied=True` takes the embedding's [V, D] instead. `plain`
+    multiplies in the model's dtype with autodiff's backward; the fast modes through
+    dense.matmul, as every other dense layer: with a vocabulary of a few thousand the head is
+    a step's largest matmul, and in `fast_bf16` it takes bfloat16 inputs like the rest
+    instead of running in float32. The embedding is laid out as [D, V] first (dense.py's
+    transpose between reshapes): a `.T` folded into a bfloat16 dot is XLA-CPU's slow kernel."""
+    mode = matmul_mode(config)
+    if mode == "plain":
+        def head(h_BTD, w, tied=False):
+            h_BTD, w = nn.dtypes.promote_dtype(h_BTD, w, dtype=config.dtype)
+            return jnp.dot(h_BTD, w.T if tied else w, preferred_element_type=jnp.float32)
+        return head
+    compute = _COMPUTE_DTYPE[mode]
+
+    def head(h_BTD, w, tied=False):
+        return dense.matmul(h_BTD, dense.transposed(w) if tied else w, compute)
+    return head
 
 
 def _flax_dense(features, axis=-1, **kwargs) -> nn.Module:

@@ -66,6 +66,11 @@ def _matmul_bwd(compute_dtype, residuals, dy_BTO):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+def transposed(w_IO):
+    """w_IO.T as an array of its own (see _transpose)."""
+    return _transpose(w_IO)
+
+
 def _transpose(w_IO):
     """W^T as an array of its own. `dy @ w.T` gets folded into a dot that reads W transposed,
     which in bfloat16 ran several times slower than this layout (docs/performance.md); a
