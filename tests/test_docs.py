@@ -135,6 +135,8 @@ def _count(overrides: dict, base: str = "configs/default.py") -> int:
 
 
 def _parse(value: str):
+    if value in ("True", "False"):  # as absl parses a bool field's flag
+        return value == "True"
     for kind in (int, float):
         try:
             return kind(value)
