@@ -2,6 +2,7 @@
 
     ops = kernels.for_model(config)
     y_BTF = ops.dense(F, name="expand", kernel_init=..., bias_init=...)(x_BTD)
+    logits_BTV = ops.head(h_BTD, w_DV)       # or ops.head(h_BTD, embedding_VD, tied=True)
     out_BHTK, weights_BHTT = ops.self_attention(q_BHTK, k_BGTK, v_BGTK, mask_11TT)
     out_BHTK, weights_BHTS = ops.cached_attention(q_BHTK, k_BGSK, v_BGSK, mask_B1TS)
     config, params = kernels.decode_setup(config, params, batch)   # before a decode loop
