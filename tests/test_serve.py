@@ -104,6 +104,29 @@ def test_stream_ends_with_done_and_stop_cuts_the_text(server, client):
     assert texts[0] == full[:full.index(stop)] and finish[0] == "stop"
 
 
+def test_a_stream_sends_its_first_token_alone_then_a_chunk_per_event(server, client):
+    """Server-sent events cost the host per event, for the server and the client alike, so a
+    stream sends a device chunk's new text as one event (vLLM's stream interval), except the
+    first token, which goes out alone as soon as it exists (time to first token). Joined, the
+    events are the unstreamed text. (Chat's deltas come from the same pieces.)"""
+    import json
+    import math
+
+    from transformer.generate import slots
+
+    n = 40
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=n,
+                                     temperature=0).choices[0].text
+    assert full  # one token a character
+    with httpx.stream("POST", f"{server}/v1/completions", json=dict(
+            prompt=PROMPT, max_tokens=n, temperature=0, stream=True), timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    texts = [c["text"] for e in events for c in e["choices"] if c["text"]]
+    assert "".join(texts) == full
+    assert texts[0] == full[:1]  # the first token on its own
+    assert len(texts) <= 1 + math.ceil((n - 1) / slots.CHUNK)  # then a chunk an event
+
+
 def model_logprobs(workdir, ids) -> np.ndarray:
     """log p(ids[t] | ids[:t]) for t >= 1, from the model's own forward pass."""
     from transformer.checkpoint import load_run

@@ -46,8 +46,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A run to serve for the measurem
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 16, "The started server's --max_batch.")
 _CLIENTS = flags.DEFINE_list("clients", ["1", "4", "8", "16"], "Concurrent clients.")
 _TOKENS_PER_CLIENT = flags.DEFINE_integer(
-    "tokens_per_client", 512, "New tokens each client asks for per round (in requests one "
-    "after the other).")
+    "tokens_per_client", 2048, "New tokens each client asks for per round (in requests one "
+    "after the other). 512 made rounds of 0.1-0.8 s, which a shared machine's scheduling "
+    "swung by 2x.")
 _MAX_TOKENS = flags.DEFINE_integer(
     "max_tokens", 0, "New tokens per request of the headline table (0: as many as fit in the "
     "context after the prompt).")
@@ -130,13 +131,16 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
 
     timings = []
     lock = threading.Lock()
+    # Each client's connection pool is made before the clock starts: an httpx.Client builds
+    # an SSL context (~10 ms of CPU), which at 8 clients was a third of the clients' CPU in
+    # a round and ran on the cores the server needs.
+    pools = [httpx.Client(timeout=600) for _ in range(clients)]
 
     def client(c):
-        with httpx.Client(timeout=600) as http:
-            for r in range(requests):
-                t = one_request(http, url, c * 1000 + r, max_tokens, stream)
-                with lock:
-                    timings.append(t)
+        for r in range(requests):
+            t = one_request(pools[c], url, c * 1000 + r, max_tokens, stream)
+            with lock:
+                timings.append(t)
 
     with httpx.Client() as http:
         before = _served_tokens(http, url)
@@ -150,6 +154,8 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
         wall = time.perf_counter() - begin
         server_cpu, own_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - own_cpu
         made = _served_tokens(http, url) - before
+    for pool in pools:
+        pool.close()
     return made / wall, timings, 1e3 * server_cpu / made, 1e3 * own_cpu / made
 
 
