@@ -47,6 +47,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 if jax.default_backend() == "gpu":
     jax.config.update("jax_default_matmul_precision", "highest")
 
+# A training run on a CPU measures the matmul peak its MFU divides by (21 matmuls of
+# 1024^3, ~1 s of CPU): every train.py the suite starts did, ~100 of them. The session
+# measures both peaks once, here (xdist workers and every subprocess inherit the variable),
+# and train.py takes them as its measurement (transformer/train/faults.py); in-process runs
+# find them already measured in their worker. The bench and device_check still measure.
+if jax.default_backend() == "cpu" and "TRANSFORMER_TEST_MATMUL_PEAKS" not in os.environ:
+    from transformer.train import metrics as _metrics
+    os.environ["TRANSFORMER_TEST_MATMUL_PEAKS"] = ",".join(
+        f"{dtype}={_metrics.measure_matmul_peak(dtype):.6g}" for dtype in ("float32", "bfloat16"))
+
 
 # The modules whose tests take longest in all (seconds of one worker, measured 2026-12-02 on a
 # 2-vCPU Sapphire Rapids, docs/testing.md), longest first. `--dist loadscope` hands each worker
