@@ -14,14 +14,18 @@ from pathlib import Path
 # element-wise fusions go through XLA's older (elemental) IR emitter rather than its MLIR fusion
 # emitters, which cost ~15 ms more per program; each op run eagerly (flax's init, optax's,
 # a test's own jnp) is a program of its own. Together 40-50% less CPU for compile-bound tests
-# (docs/testing.md). Results round differently in the last bits from the default level's
+# (docs/testing.md). And each program's LLVM module is compiled whole, not split into
+# pieces for a thread pool (XLA's default, which pays for itself only on large programs):
+# ~9% less CPU for in-process test modules on a 2-vCPU Sapphire Rapids (docs/testing.md).
+# -O0's results round differently in the last bits from the default level's
 # (float32 params after 5 steps: within 1e-6), so every bitwise property is checked between
 # programs of one level, as it must hold at any level. Every
 # subprocess a test starts inherits the flags (tests that add XLA flags append to them).
 # TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; with a CUDA or TPU
 # plugin installed (python -m transformer device_check on an accelerator) it always does.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-                      " --xla_cpu_use_fusion_emitters=false")
+                      " --xla_cpu_use_fusion_emitters=false"
+                      " --xla_cpu_parallel_codegen_split_count=1")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not any(
         importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS):
