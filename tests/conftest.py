@@ -14,14 +14,18 @@ from pathlib import Path
 # element-wise fusions go through XLA's older (elemental) IR emitter rather than its MLIR fusion
 # emitters, which cost ~15 ms more per program; each op run eagerly (flax's init, optax's,
 # a test's own jnp) is a program of its own. Together 40-50% less CPU for compile-bound tests
-# (docs/testing.md). Results round differently in the last bits from the default level's
+# (docs/testing.md). And each program's LLVM module is compiled whole, not split into
+# pieces for a thread pool (XLA's default, which pays for itself only on large programs):
+# ~9% less CPU for in-process test modules on a 2-vCPU Sapphire Rapids (docs/testing.md).
+# -O0's results round differently in the last bits from the default level's
 # (float32 params after 5 steps: within 1e-6), so every bitwise property is checked between
 # programs of one level, as it must hold at any level. Every
 # subprocess a test starts inherits the flags (tests that add XLA flags append to them).
 # TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; with a CUDA or TPU
 # plugin installed (python -m transformer device_check on an accelerator) it always does.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-                      " --xla_cpu_use_fusion_emitters=false")
+                      " --xla_cpu_use_fusion_emitters=false"
+                      " --xla_cpu_parallel_codegen_split_count=1")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
 if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not any(
         importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS):
@@ -46,6 +50,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # == the full forward, sharded == one device) compare the logic, so they run at full float32.
 if jax.default_backend() == "gpu":
     jax.config.update("jax_default_matmul_precision", "highest")
+
+# A training run on a CPU measures the matmul peak its MFU divides by (21 matmuls of
+# 1024^3, ~1 s of CPU): every train.py the suite starts did, ~100 of them. The session
+# measures both peaks once, here (xdist workers and every subprocess inherit the variable),
+# and train.py takes them as its measurement (transformer/train/faults.py); in-process runs
+# find them already measured in their worker. The bench and device_check still measure.
+if jax.default_backend() == "cpu" and "TRANSFORMER_TEST_MATMUL_PEAKS" not in os.environ:
+    from transformer.train import metrics as _metrics
+    os.environ["TRANSFORMER_TEST_MATMUL_PEAKS"] = ",".join(
+        f"{dtype}={_metrics.measure_matmul_peak(dtype):.6g}" for dtype in ("float32", "bfloat16"))
 
 
 # The modules whose tests take longest in all (seconds of one worker, measured 2026-12-02 on a

@@ -89,3 +89,18 @@ def test_bench_without_the_peer_prints_a_table():
 def test_bench_refuses_a_bad_mode():
     result = run_cli("-m", "transformer", "bench", "--no_peer", "--modes=fp8")
     assert result.returncode == 2 and result.stderr.startswith("error: --modes=fp8")
+
+
+def test_a_test_session_hands_its_measured_peaks_to_train_py(monkeypatch):
+    """TRANSFORMER_TEST_MATMUL_PEAKS (set by tests/conftest.py, read by train.py) is taken as
+    the process's measurement: peak_flops on the CPU returns it and measures nothing."""
+    from transformer.train.faults import TestHooks
+    hooks = TestHooks.from_env({"TRANSFORMER_TEST_MATMUL_PEAKS": "float32=1.5e11,bfloat16=6e11"})
+    assert hooks.matmul_peaks == (("float32", 1.5e11), ("bfloat16", 6e11))
+    assert TestHooks.from_env({}).matmul_peaks == ()
+    monkeypatch.setattr(metrics, "_MEASURED_PEAK", {})
+    hooks.install()
+    cpu = jax.devices("cpu")[0]
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("measured again"))
+    assert metrics.peak_flops("float32", cpu) == (1.5e11, f"measured ({cpu.device_kind} matmul)")
+    assert metrics.peak_flops("bfloat16", cpu)[0] == 6e11

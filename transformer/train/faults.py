@@ -17,6 +17,10 @@ kill a `train.py` subprocess set environment variables that train.py reads once,
     TRANSFORMER_TEST_NAN_STEP=k      the batch of step k gets NaN loss weights
     TRANSFORMER_TEST_STEP_DELAY=s    sleep s seconds after every step (kills land mid-run)
     TRANSFORMER_TEST_SAVE_DELAY=s    hold every checkpoint s seconds before its final rename
+    TRANSFORMER_TEST_MATMUL_PEAKS=float32=F,bfloat16=G
+                                     the CPU matmul peaks (FLOP/s) the MFU divides by, as
+                                     measured once by the test session (tests/conftest.py),
+                                     instead of each run measuring them again (~1 s of CPU)
 """
 
 from __future__ import annotations
@@ -69,13 +73,17 @@ class TestHooks:
     nan_step: int = 0       # the batch of this step (1-based, as logged) gets NaN weights
     step_delay: float = 0.0  # seconds to sleep after every step
     save_delay: float = 0.0  # seconds each save is held before its final rename
+    matmul_peaks: tuple = ()  # ((dtype, FLOP/s), ...) measured already: not measured again
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "TestHooks":
         def number(name, kind):
             return kind(environ.get(f"TRANSFORMER_TEST_{name}", "0") or 0)
+        peaks = tuple((dtype, float(flops)) for dtype, flops in (
+            item.split("=") for item in environ.get("TRANSFORMER_TEST_MATMUL_PEAKS", "").split(",")
+            if item))
         return cls(number("NAN_STEP", int), number("STEP_DELAY", float),
-                   number("SAVE_DELAY", float))
+                   number("SAVE_DELAY", float), peaks)
 
     def poison(self, batch: dict, step: int) -> dict:
         if self.nan_step and step == self.nan_step:
@@ -88,9 +96,13 @@ class TestHooks:
             time.sleep(self.step_delay)
 
     def install(self) -> None:
-        """Delays orbax's final rename of every save, so a test can kill mid-save."""
+        """Delays orbax's final rename of every save, so a test can kill mid-save; takes the
+        matmul peaks given as this process's measurement."""
         if self.save_delay:
             _delay_saves(self.save_delay)
+        from transformer.train import metrics
+        for dtype, flops in self.matmul_peaks:
+            metrics.measured_elsewhere(dtype, flops)
 
 
 NO_HOOKS = TestHooks()
