@@ -212,19 +212,13 @@ def test_the_jax_kernel_trains_with_is_causal_not_a_dense_mask(window, monkeypat
 @pytest.mark.parametrize("tie", [True, False])
 def test_the_head_runs_in_the_modes_precision(tiny_config, tie):
     """The logits' matmul, tied or untied, follows the mode like every other dense layer:
-    fast_f32 gives plain's loss and gradients, and fast_bf16 multiplies bfloat16 inputs into
-    float32 logits (the step's largest matmul at a few thousand tokens of vocabulary; it ran
-    in float32 before, 12% of the quick start's step)."""
+    fast_bf16 multiplies bfloat16 inputs into float32 logits (the step's largest matmul at a
+    few thousand tokens of vocabulary; it ran in float32 before, 12% of the quick start's
+    step). That fast_f32 gives plain's numbers with either head is test_fast_f32_matches_plain
+    (tied) and test_variants' modern pieces (untied)."""
     config = dataclasses.replace(tiny_config, tie_embeddings=tie)
     params = init_params(config, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, config.vocab_size)
-    loss, grads = _loss_and_grads(config, params, tokens)
-    fast_loss, fast_grads = _loss_and_grads(dataclasses.replace(config, matmul="fast_f32"),
-                                            params, tokens)
-    np.testing.assert_allclose(fast_loss, loss, rtol=1e-6)
-    for g, f in zip(jax.tree.leaves(grads), jax.tree.leaves(fast_grads)):
-        np.testing.assert_allclose(f, g, rtol=1e-4, atol=1e-6)
-
     bf16 = dataclasses.replace(config, matmul="fast_bf16")
     jaxpr = jax.make_jaxpr(lambda p: GPT(bf16).apply({"params": p}, tokens[:, :-1]))(params)
     heads = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"
