@@ -50,8 +50,6 @@ from transformer.model import attention, kernels, kvcache, rope
 # GPT-2's initialisation: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2L).
 INIT_STD = 0.02
 
-# A matmul that sums in float32 and returns float32, whatever its inputs' dtype.
-
 
 class _AxisNames(nn.LogicallyPartitioned):
     """Logical axis names as metadata only: unboxing adds no sharding constraint.

@@ -26,6 +26,7 @@ are printed first: timings on a loaded machine are rough; compare the ratio to o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -134,7 +135,8 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
     # Each client's connection pool is made before the clock starts: an httpx.Client builds
     # an SSL context (~10 ms of CPU), which at 8 clients was a third of the clients' CPU in
     # a round and ran on the cores the server needs.
-    pools = [httpx.Client(timeout=600) for _ in range(clients)]
+    stack = contextlib.ExitStack()
+    pools = [stack.enter_context(httpx.Client(timeout=600)) for _ in range(clients)]
 
     def client(c):
         for r in range(requests):
@@ -142,7 +144,7 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
             with lock:
                 timings.append(t)
 
-    with httpx.Client() as http:
+    with stack, httpx.Client() as http:
         before = _served_tokens(http, url)
         threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
         server_cpu, own_cpu = cpu_seconds(pid), time.process_time()
@@ -154,8 +156,6 @@ def one_round(url: str, clients: int, requests: int, max_tokens: int, pid=None,
         wall = time.perf_counter() - begin
         server_cpu, own_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - own_cpu
         made = _served_tokens(http, url) - before
-    for pool in pools:
-        pool.close()
     return made / wall, timings, 1e3 * server_cpu / made, 1e3 * own_cpu / made
 
 

@@ -79,8 +79,8 @@ def _head(config) -> Callable:
     multiplies in the model's dtype with autodiff's backward; the fast modes through
     dense.matmul, as every other dense layer: with a vocabulary of a few thousand the head is
     a step's largest matmul, and in `fast_bf16` it takes bfloat16 inputs like the rest
-    instead of running in float32. The embedding is laid out as [D, V] first (dense.py's
-    transpose between reshapes): a `.T` folded into a bfloat16 dot is XLA-CPU's slow kernel."""
+    instead of running in float32. The embedding is laid out as [D, V] first (dense.transposed:
+    a transpose between reshapes): a `.T` folded into a bfloat16 dot is XLA-CPU's slow kernel."""
     mode = matmul_mode(config)
     if mode == "plain":
         def head(h_BTD, w, tied=False):

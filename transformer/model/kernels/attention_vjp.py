@@ -78,7 +78,7 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 def _transpose(x_NXS):
     """x with its last two axes swapped, as an array of its own: a plain swapaxes gets
     folded into the consuming dot (the slow `a.T @ b` kernel), a transpose between two
-    reshapes does not (as kernels/dense.py's _transpose). An odd last axis: swapaxes."""
+    reshapes does not (as kernels/dense.py's transposed). An odd last axis: swapaxes."""
     N, X, S = x_NXS.shape
     if S % 2:
         return x_NXS.swapaxes(1, 2)

@@ -54,7 +54,7 @@ def _matmul_bwd(compute_dtype, residuals, dy_BTO):
     dy_c = dy_BTO.astype(compute_dtype)
     dy_NO = dy_c.reshape(-1, dy_c.shape[-1])
     if compute_dtype == "bfloat16":
-        dx_BTI = jnp.dot(dy_c, _transpose(w_c), preferred_element_type=jnp.float32)
+        dx_BTI = jnp.dot(dy_c, transposed(w_c), preferred_element_type=jnp.float32)
         dw_IO = jnp.dot(x_saved, dy_NO, preferred_element_type=jnp.float32)  # X^T [I, N] @ dy
     else:
         dx_BTI = jnp.dot(dy_c, w_c.T, preferred_element_type=jnp.float32)
@@ -67,11 +67,6 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def transposed(w_IO):
-    """w_IO.T as an array of its own (see _transpose)."""
-    return _transpose(w_IO)
-
-
-def _transpose(w_IO):
     """W^T as an array of its own. `dy @ w.T` gets folded into a dot that reads W transposed,
     which in bfloat16 ran several times slower than this layout (docs/performance.md); a
     transpose between two reshapes is not folded."""
