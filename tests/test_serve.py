@@ -34,9 +34,13 @@ def workdir(tmp_path_factory):
     return serve_run.char_run(tmp_path_factory)
 
 
+SERVER_PID = {}  # base URL -> the server process's pid (the measure test reads its CPU)
+
+
 @pytest.fixture(scope="module")
 def server(workdir):
-    with serve_run.server(workdir, max_tokens=MAX_TOKENS) as (base, _):
+    with serve_run.server(workdir, max_tokens=MAX_TOKENS) as (base, proc):
+        SERVER_PID[base] = proc.pid
         yield base
 
 
@@ -239,20 +243,24 @@ def test_measure_asks_for_what_fits_in_the_context_and_counts_cpu_per_token(serv
 
     context = httpx.get(f"{server}/v1/models", timeout=10).json()["data"][0]["context_length"]
     code = (
-        "import json, os, sys\n"
+        "import json, sys\n"
         "from transformer.serve import measure\n"
         "fits = measure.in_context_tokens(sys.argv[1])\n"
-        "rate, timings, server_ms, client_ms = measure.one_round(sys.argv[1], 2, 1, fits, "
-        "pid=os.getpid())\n"
+        "rate, timings, server_ms, client_ms = measure.one_round(sys.argv[1], 2, 4, fits, "
+        "pid=int(sys.argv[2]))\n"
         "print(json.dumps(dict(fits=fits, prompt=len(measure.PROMPT), rate=rate, "
         "n=len(timings), server_ms=server_ms, client_ms=client_ms, "
         "none=measure.cpu_seconds(None))))\n")
-    done = subprocess.run([sys.executable, "-c", code, server], capture_output=True,
+    # The server's own CPU, read from /proc in clock ticks (10 ms): 8 requests of ~60 tokens
+    # take it several ticks. (The measuring process itself, which a first version read,
+    # spends under a tick on two requests now that its clients are built before the clock.)
+    done = subprocess.run([sys.executable, "-c", code, server, str(SERVER_PID[server])],
+                          capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["fits"] == context - got["prompt"]  # a byte tokenizer: one token a byte
-    assert got["rate"] > 0 and got["n"] == 2 and got["server_ms"] > 0 and got["client_ms"] >= 0
+    assert got["rate"] > 0 and got["n"] == 8 and got["server_ms"] > 0 and got["client_ms"] >= 0
     assert got["none"] == 0.0
 
 
