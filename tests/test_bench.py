@@ -69,6 +69,8 @@ def test_bench_json_has_the_figures_and_no_recompiles():
         assert key in r, key
         if key not in ("compiles", "config"):
             assert r[key] > 0, key
+    assert isinstance(r["page_faults_per_step"], float)
+    assert isinstance(r["page_faults_per_step_bf16"], float)
     assert r["matmul_auto"]["mode"] in ("plain", "fast_f32", "fast_bf16")
     assert "xla_cpu_max_isa cap" in r["machine"]["isa"]
     assert r["config"]["model"]["d_model"] == 64
@@ -77,6 +79,21 @@ def test_bench_json_has_the_figures_and_no_recompiles():
     # Decoding compiles its cache allocation, the one program of its token budget and the
     # slice of the budget down to the request; prefilling (another length) compiles one.
     assert r["compiles"]["decode_b1"] <= 3 and r["compiles"]["prefill_b1"] == 1
+
+
+def test_the_page_fault_figure_counts_the_pages_a_step_maps_in():
+    """bench.minor_faults (each timed step's `page_faults_per_step`) is the process's count:
+    64 MiB of fresh anonymous memory, written once, raises it by at least half its pages."""
+    import mmap
+
+    from transformer.tools import bench
+    before = bench.minor_faults()
+    region = mmap.mmap(-1, 64 << 20)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # 4 KiB pages even where THP is "always"
+        region.madvise(mmap.MADV_NOHUGEPAGE)
+    region.write(b"\x01" * (64 << 20))
+    assert bench.minor_faults() - before >= (64 << 20) // mmap.PAGESIZE // 2
+    region.close()
 
 
 def test_bench_without_the_peer_prints_a_table():

@@ -92,6 +92,11 @@ class CompileCounter:
             self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + duration
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (pages the kernel mapped in and zeroed)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _timed(fn):
     begin = time.perf_counter()
     jax.block_until_ready(fn())
@@ -107,6 +112,7 @@ class OurTraining:
         self.trainer = training.Trainer.build(config)
         self.state = self.trainer.init(config.train.seed)  # as train.py builds it
         self.batches, self.counter, self.name, self.i, self.times = batches, counter, name, 0, []
+        self.faults = []  # minor page faults of each timed step (the whole process's)
         counter.phase = f"train_{name}"
         self.first_step_s = self._step()  # compile + one step
         self.compile_s = counter.seconds.get(counter.phase, 0.0)
@@ -122,9 +128,11 @@ class OurTraining:
     def run(self, n, timed=True):
         self.counter.phase = "steady"
         for _ in range(n):
+            faults = minor_faults()
             t = self._step()
             if timed:
                 self.times.append(t)
+                self.faults.append(minor_faults() - faults)
         self.counter.phase = "other"
 
     def memory_mb(self):
@@ -298,7 +306,8 @@ def _train_figures(ours: dict, source, counter, tokens_per_step, flops_per_token
         figures[mode] = TrainFigures(
             matmul=run_.trainer.model_config.matmul, tokens_per_s=tps, step_s=step_s,
             compile_s=run_.compile_s, first_step_s=run_.first_step_s,
-            mfu=metrics.mfu(tps, flops_per_token, peaks[mode]), val_loss=val)
+            mfu=metrics.mfu(tps, flops_per_token, peaks[mode]), val_loss=val,
+            page_faults_per_step=float(np.median(run_.faults)))
     return figures
 
 

@@ -41,6 +41,9 @@ class TrainFigures:
     first_step_s: float
     mfu: float
     val_loss: float
+    # the process's minor page faults per timed step: XLA maps each step's scratch space
+    # afresh under glibc (docs/performance.md, "page faults")
+    page_faults_per_step: float = 0.0
 
 
 @dataclasses.dataclass
@@ -121,7 +124,8 @@ def _flatten(r: BenchResult) -> dict:
         out.update({f"train_tokens_per_s{s}": t.tokens_per_s,
                     f"train_step_s{s}": dataclasses.asdict(t.step_s),
                     f"compile_s{s}": t.compile_s, f"first_step_s{s}": t.first_step_s,
-                    f"mfu{s}": t.mfu, f"matmul{s}": t.matmul, f"val_loss{s}": t.val_loss})
+                    f"mfu{s}": t.mfu, f"matmul{s}": t.matmul, f"val_loss{s}": t.val_loss,
+                    f"page_faults_per_step{s}": t.page_faults_per_step})
     if r.val_loss_ratio_bf16 is not None:
         out["val_loss_ratio_bf16"] = r.val_loss_ratio_bf16
     if "f32" in r.train:
@@ -174,7 +178,8 @@ def format_table(r: BenchResult) -> str:
         s = t.step_s
         lines.append(f"{mode}: step {s.median * 1e3:.0f} ms (min {s.min * 1e3:.0f}, "
                      f"max {s.max * 1e3:.0f}, n {s.n}), MFU {t.mfu:.1%}, "
-                     f"compile {t.compile_s:.1f}s, val loss {t.val_loss:.4f}")
+                     f"compile {t.compile_s:.1f}s, val loss {t.val_loss:.4f}, "
+                     f"{t.page_faults_per_step:,.0f} page faults a step")
     if r.peer_train:
         lines.append(f"peer: MFU {r.peer_train.mfu:.1%} (of the f32 peak)")
     if r.val_loss_ratio_bf16 is not None:
