@@ -32,7 +32,7 @@ from ml_collections import config_flags
 # main once the config is valid, so a bad value is refused in a blink.
 from transformer import cli
 from transformer import config as config_lib
-from transformer.train import faults
+from transformer.train import faults, scratch
 
 _HERE = Path(__file__).resolve().parent
 try:  # the default file is loaded here, and --config.x.y overrides are applied to it now
@@ -118,6 +118,7 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     config = config_lib.validate(cli.config_value(_CONFIG))  # touches no device
+    scratch.keep_freed_memory()  # glibc keeps each step's scratch for the next (scratch.py)
     init_distributed()
     import jax
 

@@ -184,6 +184,26 @@ def test_the_cpu_step_updates_params_and_optimizer_state_where_they_lie(optimize
     assert copied == [], copied
 
 
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc",
+                    reason="the settings are glibc's (scratch.py)")
+def test_a_cpu_step_reuses_the_scratch_pages_of_the_step_before():
+    """A train step keeps ~100 MB of scratch (its activations). As glibc and XLA come, the
+    kernel maps in every page of it again each step (one page fault per 4 KiB page, each
+    zeroed); with scratch.py's two settings the next step reuses the same pages. Each case
+    runs in a process of its own (tests/scratch_check.py): the settings are process-wide."""
+    import json
+
+    from tests.conftest import run_cli
+    found = {}
+    for case in ("kept", "as_is"):
+        result = run_cli("tests/scratch_check.py", case)
+        assert result.returncode == 0, result.stderr[-2000:]
+        found[case] = json.loads(result.stdout.strip().splitlines()[-1])
+    pages = found["as_is"]["scratch_pages"]
+    assert found["as_is"]["faults_per_step"] > pages // 2, found  # the cost is real
+    assert found["kept"]["faults_per_step"] < pages // 20, found  # and gone
+
+
 def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_path):
     """train.profile=3:5 writes a jax.profiler trace (TensorBoard's xplane.pb and a Chrome /
     Perfetto trace.json.gz) into the workdir, and the run ends with the same params and logs

@@ -52,6 +52,8 @@ def _main():
             cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
         if not workdir_flag.value:
             cli.fail("--workdir=PATH is required")
+        from transformer.train import scratch
+        scratch.keep_freed_memory()  # as train.py: every size trains in this process
         if verify_flag.value:
             if flops_flag.value is not None and flops_flag.value <= 0:
                 cli.fail("--verify --flops=C: the budget must be positive")

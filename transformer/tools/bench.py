@@ -58,7 +58,7 @@ from transformer.tools.bench_figures import (
     TrainFigures,
     format_table,
 )
-from transformer.train import metrics, start
+from transformer.train import metrics, scratch, start
 from transformer.train import trainer as training
 
 _HERE = Path(__file__).resolve().parents[2]  # the checkout: transformer/tools/ -> .
@@ -431,6 +431,7 @@ def _isa() -> str:
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+    scratch.keep_freed_memory()  # as train.py does (the peer's steps run under it too)
     modes = tuple(_MODES.value)
     if not modes or set(modes) - {"f32", "bf16"}:
         cli.fail(f"--modes={','.join(modes)}: give f32, bf16 or f32,bf16")

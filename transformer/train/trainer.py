@@ -27,6 +27,7 @@ from transformer import checkpoint
 from transformer.config import ModelConfig
 from transformer.model import kernels
 from transformer.parallel import sharding
+from transformer.train import scratch
 from transformer.train.optimizer import make_optimizer
 from transformer.train.step import TrainState, init_state, loss_fn, train_step
 
@@ -71,11 +72,18 @@ class Trainer:
                                                       micro_batches=config.train.grad_accum,
                                                       z_loss=config.train.z_loss),
                                     mesh, rules)
+        # On CPU, the step's scratch in blocks glibc keeps between steps (scratch.py).
+        options = scratch.compiler_options(
+            mesh.devices.flat[0].platform,
+            scratch.largest_activation_bytes(model_config,
+                                             config.train.batch_size // config.train.grad_accum))
         step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
-                          out_shardings=(state_sh, replicated), donate_argnums=0)
+                          out_shardings=(state_sh, replicated), donate_argnums=0,
+                          compiler_options=options)
         loss = sharding.constrained(functools.partial(loss_fn, model_config=model_config),
                                     mesh, rules)
-        eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated)
+        eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated,
+                          compiler_options=options)
         return cls(config, model_config, optimizer, mesh, rules, state_sh, batch_sh,
                    step_fn, eval_fn)
 

@@ -1,0 +1,48 @@
+"""Page faults per train step, in a process of its own (glibc's settings are process-wide).
+
+    python tests/scratch_check.py kept       # scratch.keep_freed_memory() and XLA's options
+    python tests/scratch_check.py as_is      # neither: glibc and XLA as they come
+
+Prints {"faults_per_step": F, "scratch_pages": P}: the median minor page faults of steps 3..8
+of a one-block model whose step keeps ~70 MB of scratch, and that scratch in 4 KiB pages.
+tests/test_training.py compares the two.
+"""
+
+import json
+import resource
+import statistics
+import sys
+
+from transformer.train import scratch
+
+kept = sys.argv[1] == "kept"
+if kept:
+    assert scratch.keep_freed_memory()
+else:
+    scratch.compiler_options = lambda *args: None  # as before scratch.py
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from transformer.config import base_config  # noqa: E402
+from transformer.train.trainer import Trainer  # noqa: E402
+
+c = base_config()
+c.model.update(vocab_size=256, d_model=128, n_layers=1, n_heads=4, d_ff=512, max_seq_len=256,
+               matmul="fast_f32")
+c.train.update(batch_size=16, steps=8)
+t = Trainer.build(c)
+state = t.init(0)
+B, T = 16, 256
+batch = {"inputs": jnp.ones((B, T), jnp.int32), "targets": jnp.ones((B, T), jnp.int32),
+         "weights": jnp.ones((B, T), jnp.float32)}
+scratch_bytes = t.step_fn.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for i in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    state, metrics = t.step_fn(state, batch)
+    jax.block_until_ready((state, metrics))
+    if i >= 2:
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"faults_per_step": statistics.median(faults),
+                  "scratch_pages": scratch_bytes // 4096}))
