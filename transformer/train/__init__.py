@@ -3,6 +3,7 @@
     run.py         train(config, workdir): resolve the config → data → state → loop
     start.py       where a run starts: fresh, imported (train.init_from) or restored
     trainer.py     the compiled step and evaluation of one run on one mesh
+    scratch.py     on CPU, the step's scratch memory kept from one step to the next
     step.py        the train step over explicit state (loss, gradient accumulation)
     optimizer.py   AdamW, decay by parameter role, learning-rate schedules
     loop.py        steps, evaluations, saves, an agreed stop
