@@ -1,12 +1,14 @@
 """Sharded runs against a one-device run, in a process of its own with 8 simulated CPU devices.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py OUT.json
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py OUT.json [MODERN.json]
 
-tests/test_sharding.py launches it (the pytest process keeps its own device count) and
-asserts on the JSON it writes: for each mesh shape the largest loss and parameter
+tests/test_sharding.py launches it once for its two tests (the pytest process keeps its own
+device count; one process pays Python's start, the imports and the backend's 8 devices once)
+and asserts on the JSON files it writes. OUT.json: for each mesh shape the largest loss and parameter
 differences from one device, whether every parameter is split as the rules say, whether
 greedy decoding gives the same tokens, and whether a checkpoint written on (2, 2, 2)
-restores exactly onto one device and onto (1, 2, 4).
+restores exactly onto one device and onto (1, 2, 4). MODERN.json, when named: the modern
+recipe's pieces on (2, 2, 2) against one device (`modern` below), checked after the rest.
 """
 
 import json
@@ -200,4 +202,6 @@ def modern(out_path):
 
 
 if __name__ == "__main__":
-    modern(sys.argv[1]) if sys.argv[2:] == ["modern"] else main(sys.argv[1])
+    main(sys.argv[1])
+    if sys.argv[2:]:
+        modern(sys.argv[2])

@@ -124,15 +124,26 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
     assert "6 devices, but there are 4" in result.stderr
 
 
-def test_sharded_meshes_match_one_device(tmp_path):
+@pytest.fixture(scope="module")
+def sharding_reports(tmp_path_factory):
+    """One run of tests/sharding_check.py for the two tests below: the 8-device process, its
+    imports and its backend are paid once (~3 s of CPU), and each test still reads a report of
+    its own, written by the same code as when each had a process of its own (the modern check
+    runs second, on fresh trainers of its own configs; nothing it compares is shared)."""
+    folder = tmp_path_factory.mktemp("sharding")
+    out, modern = folder / "report.json", folder / "modern.json"
+    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out), str(modern)],
+                            cwd=ROOT, env=simulated_devices_env(8), capture_output=True,
+                            text=True, timeout=900)
+    return result, out, modern
+
+
+def test_sharded_meshes_match_one_device(sharding_reports):
     """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
     greedy tokens as one device (with train.optimizer=muon too, on (1,8,1) and (1,2,4)); parameters split as the rules say; a (2,2,2) checkpoint
     restores exactly onto one device and onto (1,2,4); the decode program never moves the KV
     cache between devices (batches of 1, 4 and 8 rows)."""
-    out = tmp_path / "report.json"
-    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out)], cwd=ROOT,
-                            env=simulated_devices_env(8), capture_output=True, text=True,
-                            timeout=600)
+    result, out, _ = sharding_reports
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["meshes"]) == {"(8, 1, 1)", "(1, 8, 1)", "(2, 2, 2)", "(1, 2, 4)"}
@@ -205,14 +216,11 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
     assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
 
 
-def test_the_modern_pieces_sharded_match_one_device(tmp_path):
+def test_the_modern_pieces_sharded_match_one_device(sharding_reports):
     """QK-norm, ReLU², no biases, soft-cap, untied head, padded ids and the z-loss on a
     (2, 2, 2) mesh of 8 simulated devices: the losses, parameters and
     greedy tokens of one device, parameters split as the rules say, no padding id decoded."""
-    out = tmp_path / "modern.json"
-    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out), "modern"],
-                            cwd=ROOT, env=simulated_devices_env(8), capture_output=True,
-                            text=True, timeout=600)
+    result, _, out = sharding_reports
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, report
