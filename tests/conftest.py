@@ -209,11 +209,11 @@ def _fork_server(startup_env: dict) -> str:
                                 cwd=ROOT, env=startup_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready", "the fork server did not start"
-
-        def stop():  # killed and waited: its children's CPU counts in this process's
-            proc.kill()
-            proc.wait()
-        atexit.register(stop)
+        if "procs" not in _FORK_STATE.__dict__:
+            _FORK_STATE.procs = []
+            atexit.register(stop_fork_servers)
+        proc.folder = folder
+        _FORK_STATE.procs.append(proc)
         _FORK_SERVERS[key] = sock
     return _FORK_SERVERS[key]
 
@@ -303,6 +303,24 @@ class ForkedProcess:
     def __del__(self):
         if getattr(self, "_tmp", None) is not None:
             self._tmp.cleanup()
+
+
+def stop_fork_servers() -> None:
+    """Ends this process's fork servers and waits for them, so that their CPU time (and their
+    children's) counts in this process's, as a subprocess's does: at the session's end (an
+    xdist worker may leave without running atexit) or at exit."""
+    import shutil
+    for proc in _FORK_STATE.__dict__.get("procs", []):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(proc.folder, ignore_errors=True)
+    _FORK_STATE.__dict__["procs"] = []
+    _FORK_SERVERS.clear()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_fork_servers()
 
 
 def fork_popen(args, cwd=ROOT, env=None, stderr_to_stdout=False):

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import ROOT, fork_run
 
-ECHO = ("import os, sys; print(sys.argv, sys.path[0], os.getcwd(), os.environ.get('FORK_X'));"
-        " print('to stderr', file=sys.stderr); sys.exit(3)")
+ECHO = ("import os, sys; print(sys.argv, sys.path[0], os.getcwd(),"
+        " os.environ.get('TRANSFORMER_FORK_X')); print('to stderr', file=sys.stderr); sys.exit(3)")
 
 
 @pytest.mark.parametrize("argv", [
@@ -24,9 +24,9 @@ ECHO = ("import os, sys; print(sys.argv, sys.path[0], os.getcwd(), os.environ.ge
 ], ids=["argv-env-exit", "traceback", "xla-flags", "module", "module-error", "train-flag",
         "sample-no-workdir"])
 def test_a_forked_command_gives_what_a_new_process_gives(argv, tmp_path):
-    # XLA_FLAGS goes with the request (XLA reads it when the child starts its backend): a
-    # device count set there is the child's.
-    env = {**os.environ, "FORK_X": "1", "XLA_FLAGS": " ".join(filter(None, [
+    # TRANSFORMER_* and XLA_FLAGS go with the request (XLA reads its flags when the child
+    # starts its backend): a device count set there is the child's.
+    env = {**os.environ, "TRANSFORMER_FORK_X": "1", "XLA_FLAGS": " ".join(filter(None, [
         os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=3"]))}
     cwd = tmp_path if argv[0] == "-c" else ROOT
     forked = fork_run(*argv, cwd=cwd, env=env, timeout=120)
