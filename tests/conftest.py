@@ -172,8 +172,180 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(*args, cwd=ROOT, timeout=300, env=None):
-    """Runs `python <args>` from the repo root; returns the CompletedProcess (text output)."""
+def run_cli(*args, cwd=ROOT, timeout=300, env=None, fork=True):
+    """Runs `python <args>` from the repo root; returns the CompletedProcess (text output).
+    Through fork_run below (a child of the fork server, not a new Python) unless fork=False:
+    a check of the process itself (its page faults, its peak memory) runs in a new one."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    if not fork:
+        return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, env=full_env)
+    return fork_run(*args, cwd=cwd, timeout=timeout, env=full_env)
+
+
+# Environment variables a command reads only once it runs: the test hooks, the data cache, and
+# XLA_FLAGS, which XLA parses when the first backend starts, in the child (tests/
+# test_fork_server.py checks a device count set there). They travel with each fork_run request.
+# Every other variable may be read at import or start-up by Python or JAX (JAX_*, PYTHONPATH,
+# TF_CPP_MIN_LOG_LEVEL), so a fork server is started per distinct set of them.
+_RUNTIME_ENV = ("TRANSFORMER_", "XLA_FLAGS", "PYTEST_CURRENT_TEST", "PYTHONUNBUFFERED")
+# Kept in one place even where this file is imported twice (as `conftest` and `tests.conftest`).
+_FORK_STATE = sys.modules.setdefault("_fork_run_state", type(sys)("_fork_run_state"))
+_FORK_SERVERS: dict = _FORK_STATE.__dict__.setdefault("servers", {})
+# CPU seconds of this process's fork_run children (not in its own rusage: the server's)
+FORK_CPU: list = _FORK_STATE.__dict__.setdefault("cpu", [0.0])
+
+
+def _fork_server(startup_env: dict) -> str:
+    """The socket of this process's fork server for `startup_env` (tests/fork_server.py),
+    started on first use; it exits with this process."""
+    key = tuple(sorted(startup_env.items()))
+    if key not in _FORK_SERVERS:
+        import atexit
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="fork-")
+        sock = os.path.join(folder, "s")
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), sock],
+                                cwd=ROOT, env=startup_env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready", "the fork server did not start"
+        if "procs" not in _FORK_STATE.__dict__:
+            _FORK_STATE.procs = []
+            atexit.register(stop_fork_servers)
+        proc.folder = folder
+        _FORK_STATE.procs.append(proc)
+        _FORK_SERVERS[key] = sock
+    return _FORK_SERVERS[key]
+
+
+class ForkedProcess:
+    """A command line (`python <args>`: a script, `-m module` or `-c code`) running in a child
+    of a fork server (tests/fork_server.py): a process that has already imported jax, flax,
+    optax, orbax and the package, so the child starts without Python's start-up or those
+    imports (~1.3 s of CPU each). What a test does with a subprocess.Popen it may do with this:
+    poll, wait, communicate, send_signal, terminate and kill reach the real child (`pid`);
+    its stdout and stderr (stderr_to_stdout: one file) are files, read once it has ended, so
+    a test that reads a command's output while it runs starts a real subprocess. `env` is the
+    child's whole environment (default os.environ)."""
+
+    def __init__(self, args, cwd=ROOT, env=None, stderr_to_stdout=False):
+        import json
+        import tempfile
+        self.args = [sys.executable, *map(str, args)]
+        env = dict(os.environ if env is None else env)
+        startup = {k: v for k, v in env.items() if not k.startswith(_RUNTIME_ENV)}
+        self._tmp = tempfile.TemporaryDirectory()
+        self._out = os.path.join(self._tmp.name, "out")
+        self._err = None if stderr_to_stdout else os.path.join(self._tmp.name, "err")
+        request = {"argv": self.args[1:], "cwd": str(cwd), "env": env, "out": self._out,
+                   "err": self._err}
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(_fork_server(startup))
+        self._conn.sendall(json.dumps(request).encode())
+        self._conn.shutdown(socket.SHUT_WR)
+        self._reply = b""
+        self.pid = int(self._read_line(None))
+        self.returncode = None
+
+    def _read_line(self, timeout):
+        """The server's next line; None if `timeout` (0: poll) passes first."""
+        import select
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._reply:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._conn], [], [], left)[0]:
+                return None
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise RuntimeError("the fork server closed the connection")
+            self._reply += chunk
+        line, self._reply = self._reply.split(b"\n", 1)
+        return line.decode()
+
+    def poll(self, timeout=0):
+        if self.returncode is None:
+            line = self._read_line(timeout)
+            if line is not None:
+                code, cpu = line.split()
+                self.returncode = int(code)
+                FORK_CPU[0] += float(cpu)
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.poll(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def output(self):
+        """(stdout, stderr) as text, once the child has ended; stderr None if merged."""
+        def read(path):
+            return Path(path).read_text(errors="replace") if os.path.exists(path) else ""
+        return read(self._out), None if self._err is None else read(self._err)
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        return self.output()
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self):
+        import signal
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        import signal
+        self.send_signal(signal.SIGKILL)
+
+    def __del__(self):
+        if getattr(self, "_tmp", None) is not None:
+            self._tmp.cleanup()
+
+
+def stop_fork_servers() -> None:
+    """Ends this process's fork servers and waits for them, so that their CPU time (and their
+    children's) counts in this process's, as a subprocess's does: at the session's end (an
+    xdist worker may leave without running atexit) or at exit."""
+    import shutil
+    for proc in _FORK_STATE.__dict__.get("procs", []):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(proc.folder, ignore_errors=True)
+    _FORK_STATE.__dict__["procs"] = []
+    _FORK_SERVERS.clear()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_fork_servers()
+
+
+def fork_popen(args, cwd=ROOT, env=None, stderr_to_stdout=False):
+    """A ForkedProcess (above) for a command the test signals or polls; a real
+    subprocess.Popen (text pipes) under TRANSFORMER_TEST_REAL_PROCESSES=1."""
+    if os.environ.get("TRANSFORMER_TEST_REAL_PROCESSES"):
+        return subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE)
+    return ForkedProcess(args, cwd=cwd, env=env, stderr_to_stdout=stderr_to_stdout)
+
+
+def fork_run(*args, cwd=ROOT, timeout=300, env=None) -> subprocess.CompletedProcess:
+    """Runs `python <args>` and waits, as subprocess.run(capture_output=True, text=True) does,
+    in a ForkedProcess (above): ~1.3 s of CPU less than a new Python. A command that the test
+    signals, reads while it runs or joins to others (jax.distributed) is a real subprocess.
+    TRANSFORMER_TEST_REAL_PROCESSES=1 runs every one as a real process."""
+    if os.environ.get("TRANSFORMER_TEST_REAL_PROCESSES"):
+        return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    proc = ForkedProcess(args, cwd=cwd, env=env)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *proc.output())

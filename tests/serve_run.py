@@ -1,6 +1,6 @@
 """Shared by the server's test files: one tiny byte-level run trained on English, Russian and
 Chinese text and one tiny char-level run (each once per test session, by whichever file and
-xdist worker asks first), and a real server process on a free 127.0.0.1 port that stops when
+xdist worker asks first), and a server process on a free 127.0.0.1 port that stops when
 its `with` block ends."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from __future__ import annotations
 import contextlib
 import random
 import subprocess
-import sys
 import time
 
 import httpx
 
-from tests.conftest import ROOT, free_port, shared_dir
+from tests.conftest import ROOT, fork_popen, free_port, shared_dir
 from tests.test_resume import MODEL, env_with, run, write_corpus
 
 WORDS = {
@@ -71,10 +70,11 @@ def char_run(tmp_path_factory):
 def server(workdir, *flags, name="tiny", max_tokens=64, start_timeout=240):
     """A `python -m transformer serve` process; yields its base URL and the process."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer", "serve", f"--workdir={workdir}", f"--port={port}",
-         f"--max_tokens={max_tokens}", f"--name={name}", *flags],
-        cwd=ROOT, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A child of the fork server (tests/conftest.py's ForkedProcess: no new Python start-up),
+    # at a pid of its own; its output is read if it fails to start.
+    proc = fork_popen(["-m", "transformer", "serve", f"--workdir={workdir}", f"--port={port}",
+                       f"--max_tokens={max_tokens}", f"--name={name}", *flags],
+                      cwd=ROOT, env=env_with(), stderr_to_stdout=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout

@@ -3,8 +3,6 @@ as any prepared folder is; the folder it makes is the one `prepare` makes of the
 
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -131,11 +129,11 @@ def test_a_resumed_runs_own_tokenizer_reads_the_text_with_its_own_ids(tmp_path, 
 def test_an_unwritable_cache_is_one_line_naming_the_variable(tmp_path):
     (tmp_path / "text.txt").write_text("".join(documents(40, seed=7)))
     (tmp_path / "ro").write_text("a file, so nothing can be made under it")
-    out = subprocess.run(
-        [sys.executable, "train.py", "--config=configs/tiny.py",
-         f"--config.data.corpus={tmp_path / 'text.txt'}", f"--workdir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TRANSFORMER_CACHE": str(tmp_path / "ro" / "cache")})
+    from conftest import fork_run
+    out = fork_run("train.py", "--config=configs/tiny.py",
+                   f"--config.data.corpus={tmp_path / 'text.txt'}", f"--workdir={tmp_path / 'run'}",
+                   cwd=ROOT, timeout=120,
+                   env={**os.environ, "TRANSFORMER_CACHE": str(tmp_path / "ro" / "cache")})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert lines[0].startswith("error:") and "TRANSFORMER_CACHE" in lines[0]
@@ -151,9 +149,8 @@ def test_processes_preparing_one_set_at_once_all_read_the_same_complete_folder(t
               "print(s.folder, s.prepared_in is not None)")
     env = {**os.environ, "TRANSFORMER_CACHE": str(tmp_path / "cache"),
            "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(corpus)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    from conftest import fork_popen
+    procs = [fork_popen(["-c", script, corpus], cwd=ROOT, env=env) for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     folders = {out.split()[0] for out, _ in outs}

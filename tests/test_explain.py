@@ -1,8 +1,6 @@
 """explain.py: its numbers are the project's attention, and they match NumPy's arithmetic."""
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -61,8 +59,9 @@ def test_numpy_steps_against_hand_computed_numbers():
 
 
 def test_cli_prints_every_step_and_the_check():
-    result = subprocess.run([sys.executable, "-m", "transformer", "explain", "--text=abc",
-                             "--head=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "explain", "--text=abc", "--head=2", cwd=ROOT,
+                      timeout=300)
     assert result.returncode == 0, result.stderr
     for step in ("1. Q", "2. K", "3. V", "4. scores", "5. scaled", "6. causal mask",
                  "7. weights", "8. output", "max |difference|"):
@@ -72,6 +71,6 @@ def test_cli_prints_every_step_and_the_check():
 
 
 def test_cli_refuses_a_long_text():
-    result = subprocess.run([sys.executable, "-m", "transformer", "explain", "--text=" + "x" * 40],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "explain", "--text=" + "x" * 40, cwd=ROOT, timeout=300)
     assert result.returncode == 2 and result.stderr.startswith("error:")

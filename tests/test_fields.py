@@ -116,14 +116,12 @@ def test_resume_rules_follow_the_numerics():
 
 
 def test_the_fields_command_lists_every_field_with_default_allowed_values_and_meaning():
-    import subprocess
-    import sys
     from pathlib import Path
 
     from transformer.config import fields
-    out = subprocess.run([sys.executable, "-m", "transformer", "fields"],
-                         cwd=Path(__file__).resolve().parents[1], capture_output=True,
-                         text=True, timeout=60)
+    from tests.conftest import fork_run
+    out = fork_run("-m", "transformer", "fields", cwd=Path(__file__).resolve().parents[1],
+                   timeout=60)
     assert out.returncode == 0, out.stderr
     lines = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
     assert set(lines) == {f.name for f in fields.FIELDS}

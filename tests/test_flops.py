@@ -1,8 +1,6 @@
 """Parameter and FLOP arithmetic (flops.py) against the real model and against hand counts."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -75,9 +73,9 @@ def test_kv_cache_and_activation_bytes():
 
 
 def test_gpt3_175b_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "transformer", "sizes",
-                          "--config=configs/gpt3_175b.py", "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    out = fork_run("-m", "transformer", "sizes", "--config=configs/gpt3_175b.py", "--json",
+                   cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert abs(report["params_total"] / 175e9 - 1) < 0.01
@@ -89,12 +87,11 @@ def test_gpt3_175b_from_the_command_line():
 
 
 def test_sizes_text_and_errors():
-    text = subprocess.run([sys.executable, "-m", "transformer", "sizes",
-                           "--config=configs/tiny.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    from tests.conftest import fork_run
+    text = fork_run("-m", "transformer", "sizes", "--config=configs/tiny.py", cwd=ROOT,
+                    timeout=300)
     assert text.returncode == 0 and "non-embedding" in text.stdout and "KV cache" in text.stdout
-    missing = subprocess.run([sys.executable, "-m", "transformer", "sizes"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)
+    missing = fork_run("-m", "transformer", "sizes", cwd=ROOT, timeout=300)
     assert missing.returncode == 2 and missing.stderr.startswith("error: --config")
 
 

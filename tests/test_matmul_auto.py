@@ -2,8 +2,6 @@
 XLA_FLAGS honoured, an explicit mode always winning, and the choice agreeing with measurement."""
 
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -55,8 +53,8 @@ def _choice_in_subprocess(xla_flags):
     if xla_flags:
         env["XLA_FLAGS"] = xla_flags
     code = "from transformer.model.kernels import auto; print(auto.choose().mode)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+    from conftest import fork_run  # XLA_FLAGS goes with the command (auto reads it then)
+    out = fork_run("-c", code, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 

@@ -3,18 +3,17 @@ process at the same step, with one checkpoint of that step that restores; and pr
 see a workdir differently still resume from the same checkpoint.
 
 Two processes of 2 CPU devices each, joined through jax.distributed on localhost (as
-tests/test_sharding.py does).
+tests/test_sharding.py does, there in new Pythons): here children of the fork server
+(tests/conftest.py's ForkedProcess), each a process of its own, signalled at its own pid.
 """
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jax
-from conftest import free_port, simulated_devices_env
+from conftest import fork_popen, fork_run, free_port, simulated_devices_env
 
 from transformer import checkpoint
 from transformer import config as config_lib
@@ -29,16 +28,14 @@ def _env(**extra) -> dict:
 
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
     workdir = tmp_path / "run"
-    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+    args = ["train.py", "--config=configs/tiny.py", "--no_progress",
             "--config.data.corpus=copy", "--config.train.steps=400",
             "--config.train.log_every=1", "--config.train.eval_every=1000",
             "--config.train.ckpt_every=1000", "--config.mesh.fsdp=2",
             f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{free_port()}",
             "--num_processes=2"]
-    procs = [subprocess.Popen(args + [f"--process_id={i}"], cwd=ROOT,
-                              env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [fork_popen(args + [f"--process_id={i}"], cwd=ROOT,
+                        env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02")) for i in range(2)]
     try:
         deadline = time.monotonic() + 120
         while not (workdir / "metrics.jsonl").exists():  # written from the first steps on
@@ -81,9 +78,8 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
     run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
 
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "tests/multihost_resume_check.py", str(tmp_path),
-                               str(port), str(i)], cwd=ROOT, env=_env(), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    procs = [fork_popen(["tests/multihost_resume_check.py", tmp_path, port, i], cwd=ROOT,
+                        env=_env()) for i in range(2)]
     try:
         outputs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -98,11 +94,11 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
 
 
 def test_a_process_started_alone_says_it_waits_and_gives_up_in_one_line():
-    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+    args = ["train.py", "--config=configs/tiny.py", "--no_progress",
             f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2",
             "--process_id=1", "--join_timeout=3"]
     started = time.monotonic()
-    out = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    out = fork_run(*args, cwd=ROOT, env=_env(), timeout=120)
     assert out.returncode == 2 and time.monotonic() - started < 60, out.stderr[-2000:]
     assert "waiting for the others at the coordinator" in out.stdout
     [line] = out.stderr.strip().splitlines()

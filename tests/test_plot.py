@@ -37,17 +37,17 @@ def test_plot_cli_writes_one_png_for_many_runs(tmp_path):
     _fake_run(tmp_path / "a", 5.0)
     _fake_run(tmp_path / "b", 4.0, tokens=False)  # an older run: plotted against steps only
     out = tmp_path / "curves.png"
-    result = subprocess.run([sys.executable, "-m", "transformer", "plot", str(tmp_path / "a"),
-                             str(tmp_path / "b"), f"--out={out}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "plot", tmp_path / "a", tmp_path / "b", f"--out={out}",
+                      cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
     assert str(out) in result.stdout
 
 
 def test_plot_cli_refuses_a_folder_without_metrics(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "transformer", "plot", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "plot", tmp_path, cwd=ROOT, timeout=300)
     assert result.returncode == 2 and "no metrics.jsonl" in result.stderr
 
 

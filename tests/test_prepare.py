@@ -12,8 +12,6 @@ import json
 import math
 import random
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, fork_popen, run_cli
 from transformer import config as config_lib
 from transformer import data
 from transformer.data import prepare as prep
@@ -224,9 +222,8 @@ def test_a_killed_prepare_leaves_nothing_that_trains(tmp_path):
         for d in documents(20000, seed=7) * 3:  # ~5 MB, seconds with bpe
             f.write(json.dumps({"text": d}) + "\n")
     out = tmp_path / "set"
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "prepare", str(big),
-                             f"--out={out}", "--tokenizer=bpe", "--vocab_size=2000",
-                             "--sample_bytes=300000", "--noprogress"], cwd=ROOT)
+    proc = fork_popen(["-m", "transformer", "prepare", big, f"--out={out}", "--tokenizer=bpe",
+                       "--vocab_size=2000", "--sample_bytes=300000", "--noprogress"], cwd=ROOT)
     deadline = time.monotonic() + 60
     while not any(p.name.startswith(".set.partial") and any(p.glob("train_*.bin"))
                   for p in tmp_path.iterdir()):
@@ -415,7 +412,7 @@ def test_prepare_peak_memory_does_not_grow_with_the_input(tmp_path):
         code = ("import resource, sys; from transformer.data import prepare as p; "
                 "p.prepare([sys.argv[1]], sys.argv[2]); "
                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-        out = run_cli("-c", code, path, tmp_path / f"out{copies}", timeout=120)
+        out = run_cli("-c", code, path, tmp_path / f"out{copies}", timeout=120, fork=False)
         assert out.returncode == 0, out.stderr
         return float(out.stdout.split()[-1])
 

@@ -1,7 +1,9 @@
 """A run survives being killed: SIGKILL anywhere (also mid-save), SIGTERM, a damaged latest
 checkpoint and a NaN all end in the same final params as a run never interrupted, bit for bit.
 
-Every run here is a real `train.py` / `sample.py` subprocess on a tiny char-level model.
+Every run here is a real `train.py` / `sample.py` process on a tiny char-level model: a child
+forked from a process that has imported jax and the package (tests/fork_server.py), signalled
+at its own pid, which starts as a new process would, less ~1.3 s of CPU.
 Test hooks (transformer/train/faults.py) slow steps and saves down so that kills land mid-run and
 mid-save, and poison one batch with NaN. The subprocesses share the session's persistent
 compilation cache (tests/conftest.py) only to save time: it changes no numbers, since the
@@ -15,7 +17,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -53,13 +54,17 @@ def env_with(**hooks):
 
 
 def run(args, **hooks) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env_with(**hooks),
-                          capture_output=True, text=True, timeout=300)
+    """Runs and waits: a child of the fork server (tests/conftest.py's fork_run), not a new
+    Python (~1.3 s of CPU less a run)."""
+    from tests.conftest import fork_run
+    return fork_run(*args, cwd=ROOT, env=env_with(**hooks), timeout=300)
 
 
-def start(args, **hooks) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env_with(**hooks),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(args, **hooks):
+    """Started, not waited for: a child of the fork server too (conftest's ForkedProcess),
+    signalled at its own pid like a subprocess.Popen."""
+    from tests.conftest import fork_popen
+    return fork_popen(args, cwd=ROOT, env=env_with(**hooks))
 
 
 def committed(workdir) -> list[int]:

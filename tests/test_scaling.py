@@ -4,8 +4,6 @@ runs end to end through the command line and a rerun skips what finished."""
 import itertools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,9 +88,9 @@ def get_config():
 
 
 def _scaling(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "transformer", "scaling", "--no_progress", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=None if env is None else {**os.environ, **env})
+    from tests.conftest import fork_run
+    return fork_run("-m", "transformer", "scaling", "--no_progress", *args, cwd=ROOT,
+                    timeout=600, env=None if env is None else {**os.environ, **env})
 
 
 def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
@@ -483,8 +481,8 @@ def test_a_run_config_or_an_empty_budget_given_as_sweep_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("command", [["train.py"], ["-m", "transformer", "sizes"]])
 def test_a_sweep_config_given_as_a_run_config_says_so(command):
-    out = subprocess.run([sys.executable, *command, "--config=configs/scaling/cpu_ladder.py"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    from tests.conftest import fork_run
+    out = fork_run(*command, "--config=configs/scaling/cpu_ladder.py", cwd=ROOT, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = out.stderr.strip().splitlines()
     assert "this is a sweep config" in line and "transformer scaling --sweep" in line

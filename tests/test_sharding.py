@@ -13,7 +13,7 @@ from pathlib import Path
 import flax.linen as nn
 import numpy as np
 import pytest
-from conftest import free_port, simulated_devices_env
+from conftest import fork_run, free_port, simulated_devices_env
 from jax.sharding import AbstractMesh, AxisType
 
 from transformer.config import ConfigError, base_config, validate
@@ -114,11 +114,9 @@ def test_one_device_rows_and_placement():
 
 
 def test_bad_mesh_flag_is_one_error_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
-         "--config.mesh.data=3", "--config.mesh.tensor=2", "--no_progress"],
-        cwd=ROOT, env=simulated_devices_env(4), capture_output=True, text=True,
-        timeout=120)
+    result = fork_run("train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+                      "--config.mesh.data=3", "--config.mesh.tensor=2", "--no_progress",
+                      cwd=ROOT, env=simulated_devices_env(4), timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: mesh.data=3")
     assert "6 devices, but there are 4" in result.stderr
@@ -235,15 +233,12 @@ def test_train_py_pads_vocab_zero_for_a_tensor_mesh_and_a_resume_keeps_it(tmp_pa
     common = ["train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
               "--config.data.max_bytes=50000", "--config.train.eval_every=1",
               "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4"]
-    first = subprocess.run([sys.executable, *common, "--config.mesh.tensor=2",
-                            "--config.train.steps=1"], cwd=ROOT, env=simulated_devices_env(2),
-                           capture_output=True, text=True, timeout=300)
+    first = fork_run(*common, "--config.mesh.tensor=2", "--config.train.steps=1", cwd=ROOT,
+                     env=simulated_devices_env(2), timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "--- sample" in first.stdout
-    second = subprocess.run([sys.executable, *common, "--config.train.steps=2",
-                             "--allow_change=train.steps"], cwd=ROOT,
-                            env=simulated_devices_env(1), capture_output=True, text=True,
-                            timeout=300)
+    second = fork_run(*common, "--config.train.steps=2", "--allow_change=train.steps", cwd=ROOT,
+                      env=simulated_devices_env(1), timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resuming from step 1" in second.stdout and "--- sample" in second.stdout
     from transformer.train import start

@@ -71,8 +71,6 @@ def test_stop_strings_cut_at_the_first_match_and_streams_hold_back_a_possible_st
 def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     """With BPE a newline is mostly inside longer tokens ("\\n    "): stopping on the newline
     token alone let samples run on over several lines. Stop strings are matched in the text."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     from transformer import config as config_lib
@@ -103,10 +101,10 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     assert "".join(pieces) == streamed == free[0].split("\n")[0]
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "sample.py", f"--workdir={tmp_path / 'run'}",
-                          "--prompt=def", "--stop=\n", "--num_samples=4", "--max_new_tokens=60",
-                          "--temperature=1"], cwd=root, capture_output=True, text=True,
-                         timeout=300)
+    from tests.conftest import fork_run
+    out = fork_run("sample.py", f"--workdir={tmp_path / 'run'}", "--prompt=def", "--stop=\n",
+                   "--num_samples=4", "--max_new_tokens=60", "--temperature=1", cwd=root,
+                   timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     samples = out.stdout.split("--- sample ")[1:]
     assert len(samples) == 4

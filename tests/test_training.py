@@ -196,7 +196,7 @@ def test_a_cpu_step_reuses_the_scratch_pages_of_the_step_before():
     from tests.conftest import run_cli
     found = {}
     for case in ("kept", "as_is"):
-        result = run_cli("tests/scratch_check.py", case)
+        result = run_cli("tests/scratch_check.py", case, fork=False)
         assert result.returncode == 0, result.stderr[-2000:]
         found[case] = json.loads(result.stdout.strip().splitlines()[-1])
     pages = found["as_is"]["scratch_pages"]

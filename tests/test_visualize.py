@@ -111,8 +111,8 @@ def _fake_run(workdir: Path):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "transformer", "visualize", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run
+    return fork_run("-m", "transformer", "visualize", *args, cwd=ROOT, timeout=300)
 
 
 def test_a_run_is_looked_at_with_the_kernels_it_trained_with(tmp_path):
