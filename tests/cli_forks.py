@@ -6,9 +6,11 @@ once it has imported what they import, so that each pays neither Python's start 
 
 COMMANDS.json is a list of argv lists (["train.py", "--flag", ...], scripts relative to the
 repository root); RESULTS.json gets [{"returncode", "stdout", "stderr"}] in the same order.
-A child runs the script as `python script args` would (run_path as __main__, sys.argv set,
-its stdout and stderr on files of its own); its exit status is that of SystemExit, or 1 with
-the traceback on stderr for an uncaught exception, as Python itself does. Nothing has started
+A child runs the script as `python script args` would, through tests/fork_server.py's `child`
+(the suite's other command lines run there: run_path as __main__, sys.argv set, its stdout and
+stderr on files of its own, non-daemon threads and atexit functions run at its end); its exit
+status is that of SystemExit, or 1 with the traceback on stderr for an uncaught exception, as
+Python itself does. Nothing has started
 a JAX backend or a thread before the forks (checked), so every child starts as clean as a new
 process. tests/test_bad_inputs.py runs its rows through this and a few also as real processes,
 which must give the same status and the same stderr.
@@ -16,11 +18,10 @@ which must give the same status and the same stderr.
 
 import json
 import os
-import runpy
+import shutil
 import sys
 import tempfile
 import threading
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,35 +40,16 @@ import orbax.checkpoint  # noqa: E402, F401
 import transformer.checkpoint  # noqa: E402, F401
 import transformer.cli  # noqa: E402, F401
 import transformer.config  # noqa: E402, F401
+from tests import fork_server  # noqa: E402
 
 PARALLEL = 4
 
 
 def child(argv: list[str], out: str, err: str) -> None:
-    """In the forked child: runs the command line; never returns."""
-    code = 1
-    try:
-        for fd, path in ((1, out), (2, err)):
-            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(f, fd)
-            os.close(f)
-        sys.argv = list(argv)
-        try:
-            runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    """In the forked child: runs the command line as the fork server's children do (the same
+    start, exit and traceback); never returns."""
+    fork_server.child({"argv": argv, "cwd": str(ROOT), "env": dict(os.environ), "out": out,
+                       "err": err})
 
 
 def main(commands_path: str, results_path: str) -> None:
@@ -77,7 +59,10 @@ def main(commands_path: str, results_path: str) -> None:
     commands = json.loads(Path(commands_path).read_text())
     os.chdir(ROOT)
     results: list = [None] * len(commands)
-    with tempfile.TemporaryDirectory() as tmp:
+    # A folder of our own, not a TemporaryDirectory: its finalizer is an atexit function, and
+    # the children run this process's atexit functions as they exit, as Python does.
+    tmp = tempfile.mkdtemp()
+    try:
         files = [(f"{tmp}/{i}.out", f"{tmp}/{i}.err") for i in range(len(commands))]
         running: dict[int, int] = {}
         todo = list(range(len(commands)))
@@ -95,6 +80,8 @@ def main(commands_path: str, results_path: str) -> None:
             results[i] = {"returncode": os.waitstatus_to_exitcode(status),
                           "stdout": Path(files[i][0]).read_text(errors="replace"),
                           "stderr": Path(files[i][1]).read_text(errors="replace")}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     Path(results_path).write_text(json.dumps(results))
 
 
