@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # Compile fast, before anything starts a JAX backend (XLA reads its flags once, at that point).
@@ -192,6 +193,7 @@ _RUNTIME_ENV = ("TRANSFORMER_", "XLA_FLAGS", "PYTEST_CURRENT_TEST", "PYTHONUNBUF
 # Kept in one place even where this file is imported twice (as `conftest` and `tests.conftest`).
 _FORK_STATE = sys.modules.setdefault("_fork_run_state", type(sys)("_fork_run_state"))
 _FORK_SERVERS: dict = _FORK_STATE.__dict__.setdefault("servers", {})
+_FORK_LOCK = _FORK_STATE.__dict__.setdefault("lock", threading.Lock())
 # CPU seconds of this process's fork_run children (not in its own rusage: the server's)
 FORK_CPU: list = _FORK_STATE.__dict__.setdefault("cpu", [0.0])
 
@@ -200,21 +202,26 @@ def _fork_server(startup_env: dict) -> str:
     """The socket of this process's fork server for `startup_env` (tests/fork_server.py),
     started on first use; it exits with this process."""
     key = tuple(sorted(startup_env.items()))
-    if key not in _FORK_SERVERS:
-        import atexit
-        import tempfile
-        folder = tempfile.mkdtemp(prefix="fork-")
-        sock = os.path.join(folder, "s")
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), sock],
-                                cwd=ROOT, env=startup_env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready", "the fork server did not start"
-        if "procs" not in _FORK_STATE.__dict__:
-            _FORK_STATE.procs = []
-            atexit.register(stop_fork_servers)
-        proc.folder = folder
-        _FORK_STATE.procs.append(proc)
-        _FORK_SERVERS[key] = sock
+    with _FORK_LOCK:  # test threads may start commands together (test_bad_inputs.py)
+        return _FORK_SERVERS[key] if key in _FORK_SERVERS else _start_fork_server(key, startup_env)
+
+
+def _start_fork_server(key: tuple, startup_env: dict) -> str:
+    """Starts a fork server for `startup_env` (under _FORK_LOCK); its socket."""
+    import atexit
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="fork-")
+    sock = os.path.join(folder, "s")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), sock],
+                            cwd=ROOT, env=startup_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", "the fork server did not start"
+    if "procs" not in _FORK_STATE.__dict__:
+        _FORK_STATE.procs = []
+        atexit.register(stop_fork_servers)
+    proc.folder = folder
+    _FORK_STATE.procs.append(proc)
+    _FORK_SERVERS[key] = sock
     return _FORK_SERVERS[key]
 
 

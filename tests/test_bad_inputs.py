@@ -3,9 +3,10 @@
 Each row runs `train.py` or `sample.py` and checks: a non-zero exit, exactly one line on
 stderr that starts with `error:` and names what is wrong (a phrase from it is the row's
 expectation), no traceback, and the workdir exactly as it was (a fresh path not created; an
-existing workdir byte for byte unchanged). The rows run as children forked from one process
-that has imported jax and the rest once (tests/cli_forks.py: ~1-2 s less each), a few at a
-time; the rows in REAL run as real processes too and must give the same status and stderr.
+existing workdir byte for byte unchanged). The rows run as children of the suite's fork server, a
+process that has imported jax and the rest once (tests/fork_server.py: ~1-2 s less each), a
+few at a time; the rows in REAL run as real processes too and must give the same status and
+stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import fork_run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.model.n_heads=2",
@@ -196,7 +199,7 @@ def prepare(row_index: int, kind, d: Path, tmp: Path) -> Path:
 
 
 # Rows also run as real `python train.py` / `python sample.py` processes: the same status and
-# stderr as through tests/cli_forks.py show that its forked children behave as the real entry
+# stderr as through the fork server (tests/fork_server.py) show that its children behave as the real entry
 # points (one of each script, early and late refusals, fresh and trained workdirs).
 REAL = ("unknown flag", "missing corpus", "checkpoint of another model",
         "sample: missing workdir", "sample: symbol the tokenizer lacks",
@@ -218,12 +221,9 @@ def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
     workdirs = [prepare(i, row[4], files, tmp_path) for i, row in enumerate(ROWS)]
     before = [snapshot(w) for w in workdirs]
     commands = [command(row, w, files) for row, w in zip(ROWS, workdirs)]
-    (tmp_path / "commands.json").write_text(json.dumps(commands))
-    out = subprocess.run([sys.executable, "tests/cli_forks.py", str(tmp_path / "commands.json"),
-                          str(tmp_path / "results.json")], cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    forked = json.loads((tmp_path / "results.json").read_text())
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        forked = list(pool.map(lambda c: fork_run(*c, cwd=ROOT, env=env(), timeout=300),
+                               commands))
     real_rows = [i for i, row in enumerate(ROWS) if row[0] in REAL]
     with ThreadPoolExecutor(max_workers=4) as pool:
         real = dict(zip(real_rows, pool.map(
@@ -233,7 +233,7 @@ def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
     problems = []
     for i, (what, _, _, phrase, kind) in enumerate(ROWS):
         after = snapshot(workdirs[i]) if kind else None
-        runs = [(forked[i]["returncode"], forked[i]["stderr"])]
+        runs = [(forked[i].returncode, forked[i].stderr)]
         if i in real:
             runs.append((real[i].returncode, real[i].stderr))
             if runs[0] != runs[1]:
