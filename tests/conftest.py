@@ -34,6 +34,16 @@ if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not any(
     if FAST_COMPILE_FLAGS not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAGS}".strip()
 
+# One core per xdist worker, jemalloc for the processes the session starts, a quieter cyclic
+# collector (tests/processes.py): the pinning before JAX starts its backend, which sizes
+# XLA's thread pools; the preload before xdist starts its workers (this file is imported
+# first in the session's own process).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import processes  # noqa: E402
+
+processes.pin_worker()
+processes.preload_jemalloc()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -178,9 +188,9 @@ def run_cli(*args, cwd=ROOT, timeout=300, env=None, fork=True):
     Through fork_run below (a child of the fork server, not a new Python) unless fork=False:
     a check of the process itself (its page faults, its peak memory) runs in a new one."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if not fork:
+    if not fork:  # as users' processes run: on glibc's malloc (tests/processes.py)
         return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout, env=full_env)
+                              text=True, timeout=timeout, env=processes.glibc_env(full_env))
     return fork_run(*args, cwd=cwd, timeout=timeout, env=full_env)
 
 
@@ -212,8 +222,9 @@ def _start_fork_server(key: tuple, startup_env: dict) -> str:
     import tempfile
     folder = tempfile.mkdtemp(prefix="fork-")
     sock = os.path.join(folder, "s")
+    as_is = {processes.AS_IS: "1"} if processes.as_is() else {}  # the server's own settings
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), sock],
-                            cwd=ROOT, env=startup_env, stdin=subprocess.DEVNULL,
+                            cwd=ROOT, env={**startup_env, **as_is}, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready", "the fork server did not start"
     if "procs" not in _FORK_STATE.__dict__:
@@ -356,3 +367,8 @@ def fork_run(*args, cwd=ROOT, timeout=300, env=None) -> subprocess.CompletedProc
         proc.wait()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, *proc.output())
+
+
+# What the imports above made is long-lived: out of the cyclic collector's view from here on,
+# which runs less often (tests/processes.py).
+processes.quiet_gc()

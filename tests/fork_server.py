@@ -52,6 +52,11 @@ import transformer.generate.decode  # noqa: E402, F401
 import transformer.train.loop  # noqa: E402, F401
 import transformer.model.gpt  # noqa: E402, F401
 import transformer.train.start  # noqa: E402, F401
+from tests import processes  # noqa: E402
+
+# The imports' objects frozen before any fork: the children's collector never walks (and so
+# never copies) those pages, and runs less often (tests/processes.py).
+processes.quiet_gc()
 
 
 def run_command(argv: list[str]) -> None:
