@@ -11,6 +11,7 @@ the text it gets alone.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -76,6 +77,24 @@ def _rows():
     return [(rng.integers(1, 64, n).tolist(), *rest) for n, *rest in ROWS]
 
 
+def alone(config, params, rows) -> list[list[int]]:
+    """Each row's text alone, as sample.py decodes it: choice j is row j of a batch of j + 1
+    copies (--num_samples). Each is decoded to the longest row's length and cut to its own:
+    the first tokens do not depend on how many are asked for (test_decode), and one length
+    for all rows compiles one program per prompt length and batch, not one per row."""
+    longest = max(limit for *_, limit in rows)
+    return [decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=longest,
+                            seed=seed, temperature=t, top_k=k, top_p=p)[choice][:limit]
+            for prompt, seed, choice, t, k, p, limit in rows]
+
+
+@functools.cache
+def _rows_alone(variant) -> list[list[int]]:
+    """`alone` for `_rows()` on the variant's model, once per module run (two tests use it)."""
+    config = _config(variant)
+    return alone(config, init_params(config, jax.random.key(1)), _rows())
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_row_of_a_continuous_batch_equals_its_text_alone(variant):
     config = _config(variant)
@@ -83,11 +102,8 @@ def test_each_row_of_a_continuous_batch_equals_its_text_alone(variant):
     params = init_params(config, jax.random.key(1))
     rows = _rows()
     got = batched(config, params, rows)
-    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
-        # alone: choice j is row j of a batch of j + 1 copies (sample.py --num_samples)
-        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
-                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
-        assert tokens == alone
+    assert got == _rows_alone(variant)
+    assert [len(tokens) for tokens in got] == [limit for *_, limit in rows]
     assert max(len(p) + n for p, *_, n in rows) > 2 * config.max_seq_len  # past the context
 
 
@@ -143,10 +159,7 @@ def test_rows_that_fill_together_are_re_prefilled_in_one_call_with_their_tokens_
         counter.close()
     assert counter.count == 0
     assert 3 in calls  # all three in one call, more than once (90 tokens, a 32-slot context)
-    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
-        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
-                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
-        assert tokens == alone
+    assert got == alone(config, params, rows)
 
 
 def test_a_planted_bug_breaks_the_equality(monkeypatch):
@@ -293,7 +306,4 @@ def test_rows_admitted_together_are_prefilled_in_one_call_with_their_tokens_alon
         counter.close()
     assert counter.count == 0
     assert max(prefills) > 1  # several rows prefilled in one call
-    for (prompt, seed, choice, t, k, p, limit), tokens in zip(rows, got):
-        alone = decode.generate(config, params, [prompt] * (choice + 1), max_new_tokens=limit,
-                                seed=seed, temperature=t, top_k=k, top_p=p)[choice]
-        assert tokens == alone
+    assert got == _rows_alone(variant)
