@@ -394,6 +394,31 @@ def test_muon_and_adamw_each_follow_the_schedule_from_their_own_peak():
     np.testing.assert_allclose(b2, 0.02 * b1, rtol=1e-5)
 
 
+def test_muons_weight_decay_is_decoupled_times_its_lr_and_touches_only_its_matrices():
+    """train.muon_weight_decay=w (configs/default.py's 0.2) adds -lr_t·w·W to each Muon
+    matrix's update, lr_t Muon's scheduled rate at that update, beside the orthogonalised
+    step it would get anyway; AdamW's parameters (embedding, head, norms, biases) get the
+    update they get without it."""
+    params = _random_like(init_params(_model(False), jax.random.key(0)), 1)
+    grads_seq = [_random_like(params, 2), _random_like(params, 3)]
+    t = dict(schedule="cosine", steps=5, warmup_steps=0, min_lr_ratio=0.1)
+    plain = _updates(optimizer.make_optimizer(_muon_config(**t)), params, grads_seq)
+    decayed = _updates(optimizer.make_optimizer(_muon_config(muon_weight_decay=0.2, **t)),
+                       params, grads_seq)
+    muon = {p for p, d in _leaf_names(jax.tree.map(
+        lambda d: d is not None, optimizer.muon_dimensions(params), is_leaf=lambda x: x is None
+        or isinstance(x, optax.contrib.MuonDimensionNumbers))).items() if d}
+    schedule = optimizer.learning_rate(_muon_config(**t), 0.05)
+    assert muon and set(_leaf_names(params)) - muon
+    for i, (u0, u1) in enumerate(zip(plain, decayed)):
+        lr_i = float(schedule(i))
+        assert lr_i < 0.05 or i == 0  # the decay follows the schedule, not the peak
+        for path, w in _leaf_names(params).items():
+            got = np.asarray(_leaf_names(u1)[path]) - np.asarray(_leaf_names(u0)[path])
+            want = -lr_i * 0.2 * np.asarray(w) if path in muon else np.zeros_like(got)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7, err_msg=path)
+
+
 def test_fewer_newton_schulz_steps_orthogonalise_less():
     """train.muon_ns_steps reaches optax: with 1 step the update of a matrix is far from
     orthogonal, with 5 its singular values are all near 1 (0.5-1.5 by design of the
