@@ -222,15 +222,20 @@ def _updates(opt, params, grads_seq):
     return out
 
 
+def _muon_paths(params) -> set[str]:
+    """The parameters `optimizer.muon_dimensions` hands to Muon (the rest go to AdamW)."""
+    dims = _leaf_names(jax.tree.map(lambda d: d is not None, optimizer.muon_dimensions(params),
+                                    is_leaf=lambda x: x is None or
+                                    isinstance(x, optax.contrib.MuonDimensionNumbers)))
+    return {p for p, is_muon in dims.items() if is_muon}
+
+
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_muon_trains_the_blocks_matrices_and_adamw_the_rest(scan_layers):
     """Muon gets exactly the blocks' attention and MLP kernels; the untied head's kernel is
     2-D too and stays with AdamW, as do embeddings, the position table, norms and biases."""
     params = init_params(_model(scan_layers), jax.random.key(0))
-    dims = _leaf_names(jax.tree.map(lambda d: d is not None, optimizer.muon_dimensions(params),
-                                    is_leaf=lambda x: x is None or
-                                    isinstance(x, optax.contrib.MuonDimensionNumbers)))
-    muon = {p for p, is_muon in dims.items() if is_muon}
+    muon = _muon_paths(params)
     expected = {p for p in _leaf_names(params) if p.endswith("['kernel']")
                 and ("['attn']" in p or "['mlp']" in p)}
     assert muon == expected and len(muon) == (6 if scan_layers else 12)
@@ -405,9 +410,7 @@ def test_muons_weight_decay_is_decoupled_times_its_lr_and_touches_only_its_matri
     plain = _updates(optimizer.make_optimizer(_muon_config(**t)), params, grads_seq)
     decayed = _updates(optimizer.make_optimizer(_muon_config(muon_weight_decay=0.2, **t)),
                        params, grads_seq)
-    muon = {p for p, d in _leaf_names(jax.tree.map(
-        lambda d: d is not None, optimizer.muon_dimensions(params), is_leaf=lambda x: x is None
-        or isinstance(x, optax.contrib.MuonDimensionNumbers))).items() if d}
+    muon = _muon_paths(params)
     schedule = optimizer.learning_rate(_muon_config(**t), 0.05)
     assert muon and set(_leaf_names(params)) - muon
     for i, (u0, u1) in enumerate(zip(plain, decayed)):
