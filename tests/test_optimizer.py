@@ -422,6 +422,31 @@ def test_muons_weight_decay_is_decoupled_times_its_lr_and_touches_only_its_matri
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7, err_msg=path)
 
 
+def test_b1_is_adams_first_moment_for_the_adamw_half_and_leaves_muon_alone():
+    """train.b1 (configs/default.py's 0.8) is the first-moment decay of the AdamW half only:
+    with b2 = 0 and no decay Adam's second update is -lr·(b1·g1 + g2)/(1 + b1)/(|g2| + eps)
+    (the bias-corrected mean of two gradients over the last one's size), written out here
+    from Adam's definition; Muon's matrices get the same update whatever b1 is (their
+    momentum is train.muon_momentum)."""
+    params = _random_like(init_params(_model(False), jax.random.key(0)), 1)
+    g1, g2 = _random_like(params, 2), _random_like(params, 3)
+    lr, eps = 0.01, 1e-8  # _muon_config's AdamW rate; optax's default eps
+    updates = {b1: _updates(optimizer.make_optimizer(_muon_config(b1=b1, b2=0.0)), params,
+                            [g1, g2])[1] for b1 in (0.9, 0.8)}
+    muon = _muon_paths(params)
+    assert muon and set(_leaf_names(params)) - muon
+    first, second = _leaf_names(g1), _leaf_names(g2)
+    for path in _leaf_names(params):
+        got = {b1: np.asarray(_leaf_names(u)[path]) for b1, u in updates.items()}
+        if path in muon:
+            np.testing.assert_array_equal(got[0.8], got[0.9], err_msg=path)
+            continue
+        for b1 in (0.9, 0.8):
+            g1_, g2_ = np.asarray(first[path]), np.asarray(second[path])
+            want = -lr * (b1 * g1_ + g2_) / (1 + b1) / (np.abs(g2_) + eps)
+            np.testing.assert_allclose(got[b1], want, rtol=2e-4, atol=1e-7, err_msg=path)
+
+
 def test_fewer_newton_schulz_steps_orthogonalise_less():
     """train.muon_ns_steps reaches optax: with 1 step the update of a matrix is far from
     orthogonal, with 5 its singular values are all near 1 (0.5-1.5 by design of the
