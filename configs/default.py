@@ -36,7 +36,8 @@ On the validation set as it ships (whole held-out documents, harder text: those 
   the Zen 3 by the estimate in docs/quickstart.md;
 - 880 steps (-> 1.1730/1.1745): timed on a 2-vCPU AMD EPYC Zen 4 in the Zen 3's own float32
   arithmetic (XLA_FLAGS=--xla_cpu_max_isa=AVX2) and scaled by the bench's PyTorch peer, as
-  issue 29's budget rule says: ~182-196 s of the Zen 3's 240 (docs/speedrun.md, row 17);
+  issue 29's budget rule says: ~182-196 s of the Zen 3's 240 (docs/speedrun.md, row 17;
+  ~182-219 s with the slowest float32 runs of rows 18-19, same step);
 - Muon's decoupled weight decay 0.2 (times its lr; 0 before), the same step cost
   (-> 1.1623/1.1702; 0.1 gave 1.1675, 0.3 1.1623/1.1746, 0.4 1.1649: row 18);
 - Adam's beta1 0.9 -> 0.8 for the AdamW half (embedding, head, norms; Muon's momentum is its
