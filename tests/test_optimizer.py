@@ -230,6 +230,15 @@ def _muon_paths(params) -> set[str]:
     return {p for p, is_muon in dims.items() if is_muon}
 
 
+def _random_params_and_muon_paths():
+    """Random parameters of the small untied model (no zero leaf) and the paths Muon trains:
+    both halves non-empty."""
+    params = _random_like(init_params(_model(False), jax.random.key(0)), 1)
+    muon = _muon_paths(params)
+    assert muon and set(_leaf_names(params)) - muon
+    return params, muon
+
+
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_muon_trains_the_blocks_matrices_and_adamw_the_rest(scan_layers):
     """Muon gets exactly the blocks' attention and MLP kernels; the untied head's kernel is
@@ -404,15 +413,13 @@ def test_muons_weight_decay_is_decoupled_times_its_lr_and_touches_only_its_matri
     matrix's update, lr_t Muon's scheduled rate at that update, beside the orthogonalised
     step it would get anyway; AdamW's parameters (embedding, head, norms, biases) get the
     update they get without it."""
-    params = _random_like(init_params(_model(False), jax.random.key(0)), 1)
+    params, muon = _random_params_and_muon_paths()
     grads_seq = [_random_like(params, 2), _random_like(params, 3)]
     t = dict(schedule="cosine", steps=5, warmup_steps=0, min_lr_ratio=0.1)
     plain = _updates(optimizer.make_optimizer(_muon_config(**t)), params, grads_seq)
     decayed = _updates(optimizer.make_optimizer(_muon_config(muon_weight_decay=0.2, **t)),
                        params, grads_seq)
-    muon = _muon_paths(params)
     schedule = optimizer.learning_rate(_muon_config(**t), 0.05)
-    assert muon and set(_leaf_names(params)) - muon
     for i, (u0, u1) in enumerate(zip(plain, decayed)):
         lr_i = float(schedule(i))
         assert lr_i < 0.05 or i == 0  # the decay follows the schedule, not the peak
@@ -428,21 +435,19 @@ def test_b1_is_adams_first_moment_for_the_adamw_half_and_leaves_muon_alone():
     (the bias-corrected mean of two gradients over the last one's size), written out here
     from Adam's definition; Muon's matrices get the same update whatever b1 is (their
     momentum is train.muon_momentum)."""
-    params = _random_like(init_params(_model(False), jax.random.key(0)), 1)
+    params, muon = _random_params_and_muon_paths()
     g1, g2 = _random_like(params, 2), _random_like(params, 3)
     lr, eps = 0.01, 1e-8  # _muon_config's AdamW rate; optax's default eps
     updates = {b1: _updates(optimizer.make_optimizer(_muon_config(b1=b1, b2=0.0)), params,
                             [g1, g2])[1] for b1 in (0.9, 0.8)}
-    muon = _muon_paths(params)
-    assert muon and set(_leaf_names(params)) - muon
     first, second = _leaf_names(g1), _leaf_names(g2)
     for path in _leaf_names(params):
         got = {b1: np.asarray(_leaf_names(u)[path]) for b1, u in updates.items()}
         if path in muon:
             np.testing.assert_array_equal(got[0.8], got[0.9], err_msg=path)
             continue
+        g1_, g2_ = np.asarray(first[path]), np.asarray(second[path])
         for b1 in (0.9, 0.8):
-            g1_, g2_ = np.asarray(first[path]), np.asarray(second[path])
             want = -lr * (b1 * g1_ + g2_) / (1 + b1) / (np.abs(g2_) + eps)
             np.testing.assert_allclose(got[b1], want, rtol=2e-4, atol=1e-7, err_msg=path)
 
