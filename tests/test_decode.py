@@ -9,7 +9,7 @@ import pytest
 
 from transformer.generate import decode
 from transformer.model import kvcache
-from transformer.model.gpt import GPT, stack_layers
+from transformer.model.gpt import GPT, init_params, stack_layers
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -136,21 +136,41 @@ def test_a_program_that_cannot_fill_the_cache_leaves_out_the_window_loop(tiny_co
     assert out == [_naive_greedy(tiny_config, tiny_params, prompt, 32)]
 
 
-@pytest.mark.parametrize("P,S", [(16, 64), (16, 512), (64, 505), (256, 512), (64, 64),
-                                 (16, 2048), (300, 4096)])
-def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S):
-    pieces = decode.fill_segments(P, S)
+@pytest.mark.parametrize("P,S,end", [(16, 64, None), (16, 512, None), (64, 505, None),
+                                     (256, 512, None), (64, 64, None), (16, 2048, None),
+                                     (300, 4096, None), (16, 512, 271), (16, 64, 31),
+                                     (16, 512, 127), (32, 512, 300), (16, 2048, 1000)])
+def test_fill_segments_cover_every_slot_with_a_cache_that_holds_it(P, S, end):
+    pieces = decode.fill_segments(P, S, end)
+    last = S if end is None else min(S, -(-end // decode.MIN_BUCKET) * decode.MIN_BUCKET)
     slots = [s for i, (first, length) in enumerate(pieces)
-             for s in range(first, pieces[i + 1][0] if i + 1 < len(pieces) else S)]
-    assert slots == list(range(P, S))  # every slot written once, in order
+             for s in range(first, pieces[i + 1][0] if i + 1 < len(pieces) else last)]
+    assert slots == list(range(P, last))  # every slot that can be written, once, in order
     for first, length in pieces:
-        assert first < length <= S
-        # a power of two reading at most about twice the filled slots, or the smallest piece
-        assert length == S or (length & (length - 1) == 0
-                               and length <= max(2 * first + 1, decode.MIN_SEGMENT))
+        assert first < length <= last
+        # a power of two reading at most about twice the filled slots, or the smallest
+        # piece, or the last slots the program can write (rounded up to MIN_BUCKET)
+        assert length in (S, last) or (length & (length - 1) == 0
+                                        and length <= max(2 * first + 1, decode.MIN_SEGMENT))
     assert len(pieces) <= int(np.log2(S)) + 1  # a handful of loops, not one per token
     if S <= decode.MIN_SEGMENT:  # a small cache is one loop: each piece costs a compile
-        assert len(pieces) == (1 if P < S else 0)
+        assert len(pieces) == (1 if P < last else 0)
+    if end is not None:  # a budget short of the context never reads past its own slots
+        assert pieces[-1][1] == last < S or end >= S
+
+
+def test_a_budget_short_of_a_long_context_reads_only_its_own_slots(tiny_config):
+    """120 tokens after a 16-slot prompt in a 256-slot context: a 128-token budget writes
+    slots 16 .. 142, so the last loop's cache is cut to 144 slots, not 256; the tokens are
+    still the naive recomputation's (the slots past it are never written)."""
+    config = dataclasses.replace(tiny_config, max_seq_len=256)
+    params = init_params(config, jax.random.key(1))
+    budget = decode.token_budget(120, config.max_seq_len - 16)
+    assert budget == 128
+    assert decode.fill_segments(16, 256, 16 + budget - 1) == [(16, 128), (128, 144)]
+    prompt = [7, 3, 9, 1, 4]
+    out = decode.generate(config, params, [prompt], max_new_tokens=120, temperature=0.0)
+    assert out == [_naive_greedy(config, params, prompt, 120)]
 
 
 @pytest.mark.device

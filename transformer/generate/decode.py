@@ -120,14 +120,19 @@ def token_budget(max_new_tokens: int, room: int | None = None) -> int:
     return budget
 
 
-def fill_segments(P: int, S: int) -> list[tuple[int, int]]:
+def fill_segments(P: int, S: int, end: int | None = None) -> list[tuple[int, int]]:
     """The loop while the cache fills, in pieces (first, length): the steps that write slots
     first .. length-1 run with the cache cut to its first `length` slots, a power of two
     (or S), at least MIN_SEGMENT. Attention then reads at most about twice the filled slots
-    (or MIN_SEGMENT), not all S."""
+    (or MIN_SEGMENT), not all S. `end` (default S): the slots the program can write at all;
+    a program whose budget stops short of the context writes slots < P + budget - 1 only, and
+    its last piece is cut to `end` rounded up to MIN_BUCKET slots, not to the next power of
+    two: the bench's 256 tokens after a 16-token prompt (512 slots) read 272 slots in their
+    last 16 steps, not 512."""
+    end = S if end is None else min(S, -(-end // MIN_BUCKET) * MIN_BUCKET)
     out, slot = [], P
-    while slot < S:
-        length = min(max(_bucket(slot + 1, S), MIN_SEGMENT), S)
+    while slot < end:
+        length = min(max(_bucket(slot + 1, S), MIN_SEGMENT), end)
         out.append((slot, length))
         slot = length
     return out
@@ -250,9 +255,11 @@ class _Loop(NamedTuple):
 
     def fill(self, state: _State, P: int) -> _State:
         """While the cache fills: one loop per cache length (16, 32, 64, ... slots), so a
-        step reads only the slots that can be filled by then. Each is compiled once."""
+        step reads only the slots that can be filled by then. Each is compiled once. Token
+        i is sampled after slot P + i - 1 is written: a budget that stops short of the
+        context writes no slot from P + budget - 1 on."""
         S = self.config.max_seq_len
-        for _, length in fill_segments(P, S):
+        for _, length in fill_segments(P, S, P + self.budget - 1):
             state = state._replace(cache=kvcache.prefix(state.cache, length))
             state = jax.lax.while_loop(
                 lambda s, length=length: self.running(s) & (s.index < length), self.step, state)
