@@ -78,8 +78,8 @@ def test_greedy_decoding_within_the_context_equals_naive_full_recompute(tiny_con
     if scan_layers:
         config = dataclasses.replace(tiny_config, scan_layers=True)
         params = stack_layers(tiny_params, tiny_config.n_layers)
-    # 40 new tokens after a 16-slot bucket run through caches of 32 and 64 slots (segments);
-    # test_window.py goes past the context.
+    # 40 new tokens after a 16-slot bucket fit the 48 slots left of the 64-slot context: one
+    # fill loop (a context of up to MIN_SEGMENT is one piece); test_window.py goes past it.
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [42]]
     out = decode.generate(config, params, prompts, max_new_tokens=40, temperature=0.0)
     for prompt, tokens in zip(prompts, out):

@@ -13,7 +13,8 @@ count from its first real token. P is rounded up to a bucket (16, 32, 64, ..., S
 the token budget (the output buffer: 16, 32, 64, ... tokens); the number of tokens asked
 for is a traced argument, so a handful of compiled programs serve every prompt and every
 length. While the cache fills, the loop runs in pieces whose cache is cut to the slots that
-can be filled by then (16, 32, 64, ... of them, `fill_segments`), so early tokens do not
+can be filled by then (128, 256, 512, ... of them, `fill_segments`; the last piece of a
+request that stops short of the context at the slots it can write), so early tokens do not
 read the empty end of the cache. Temperature, top-k, top-p, the key, the prompt content, the
 length and the end token are traced arguments: changing them never recompiles. A row that
 samples its end token writes PAD_ID from then on; the loop stops when every row has ended.
@@ -254,7 +255,7 @@ class _Loop(NamedTuple):
         return self.emit(state, logits_BWV[:, -1])
 
     def fill(self, state: _State, P: int) -> _State:
-        """While the cache fills: one loop per cache length (16, 32, 64, ... slots), so a
+        """While the cache fills: one loop per cache length (128, 256, 512, ... slots), so a
         step reads only the slots that can be filled by then. Each is compiled once. Token
         i is sampled after slot P + i - 1 is written: a budget that stops short of the
         context writes no slot from P + budget - 1 on."""
