@@ -132,6 +132,39 @@ def test_every_document_ends_once_and_its_stored_ids_are_its_whole_encoding(tmp_
     assert manifest["split"]["rule"] == "documents"
 
 
+def test_a_text_file_without_line_boundaries_is_stored_as_its_whole_encoding(tmp_path):
+    """Text with no "x\ny" boundary to cut a piece at (CRLF line ends; one-line paragraphs
+    between blank lines) is not cut elsewhere, mid-word, for a BPE: every long file's stored ids
+    are its whole encoding and one end token, for a learned BPE and for a tokenizer.json whose
+    check passed on a file that has such boundaries."""
+    from tokenizers import Tokenizer
+
+    from transformer.data.sources import PIECE_CHARS
+    flat = lambda seed: [d.replace("\n", " ").strip() for d in documents(400, seed)]  # noqa
+    plain = "".join(documents(500, seed=30))  # boundaries: the given tokenizer's check passes
+    crlf = ["\r\n".join(flat(31 + k)) + "\r\n" for k in range(3)]
+    paragraphs = ["\n\n".join(flat(41 + k)) + "\n" for k in range(3)]
+    docs = [plain] + crlf + paragraphs
+    assert all(len(d) > 2 * PIECE_CHARS for d in docs)
+    (tmp_path / "in").mkdir()
+    for k, d in enumerate(docs):
+        (tmp_path / "in" / f"{k}.txt").write_bytes(d.encode())
+    small = documents(40, seed=13)  # enough documents to split by document
+    (tmp_path / "in" / "small.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
+                                                         for d in small))
+    _authors_tokenizer("bytelevel", docs, tmp_path / "tokenizer.json")
+    for kind in ("bpe", str(tmp_path / "tokenizer.json")):
+        out = tmp_path / "set"
+        manifest = prep.prepare([tmp_path / "in"], out, tokenizer=kind, vocab_size=400,
+                                val_fraction=0.3, overwrite=True)
+        assert manifest["text_in_pieces"] and manifest["split"]["rule"] == "documents"
+        tok = tokenizers.ordinary(Tokenizer.from_file(str(out / "tokenizer.json")))
+        eot = manifest["tokenizer"]["eot"]
+        stored = [a.tolist() for split in ("train", "val") for a in read_split(out, split)]
+        want = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs + small]
+        assert sorted(stored) == sorted(want), kind
+
+
 def test_a_document_over_the_span_size_is_held_out_in_long_contiguous_spans(tmp_path,
                                                                              monkeypatch):
     """One large file (scaled down: spans of 64 KiB for a ~700 KB file): validation is whole
@@ -498,7 +531,8 @@ def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_
 def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
     """The cut (found with rfind) is the regex definition: the last position in
     [start + target/2, start + target) just after a newline between two non-space characters
-    (Unicode spaces included), else the first such position after, else start + target."""
+    (Unicode spaces included), else the first such position after, else none (never a cut
+    that is not a boundary)."""
     import random
     import re
 
@@ -511,7 +545,7 @@ def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
         start, target = rng.randint(0, len(text)), rng.randint(2, 120)
         inside = [m.start() for m in boundary.finditer(text, start + target // 2, start + target)]
         after = boundary.search(text, start + target)
-        want = inside[-1] if inside else after.start() if after else start + target
+        want = inside[-1] if inside else after.start() if after else None
         assert _cut(text, target, start) == want, (text, start, target)
 
 

@@ -56,8 +56,10 @@ class TextCorpus:
     """The units (text, ends_document) of the corpus `data.corpus` names, at most max_bytes of
     UTF-8 in all; after a full pass, `read` says how much came from how many files."""
 
-    def __init__(self, corpus: str, max_bytes: int, text_field: str = "text", cut: bool = True):
+    def __init__(self, corpus: str, max_bytes: int, text_field: str = "text", cut: bool = True,
+                 anywhere: bool = False):
         self.corpus, self.max_bytes, self.field, self.cut = corpus, max_bytes, text_field, cut
+        self.anywhere = anywhere  # sources.Reader's: a line with no boundary is cut anyway
         self.read, self.done = None, 0
         if corpus == "stdlib":
             self.name = "the Python standard library"
@@ -84,7 +86,7 @@ class TextCorpus:
             if size >= self.max_bytes:
                 full, unused = True, (len(files) - index if isinstance(files, list) else None)
                 break
-            reader = sources.Reader([path], self.field, self.cut)
+            reader = sources.Reader([path], self.field, self.cut, self.anywhere)
             took = False
             for text, ends in reader.units():
                 raw = text.encode("utf-8", "surrogatepass")
@@ -177,7 +179,8 @@ def load(data_config, seq_len: int, tokenizer=None) -> CachedSet:
     # A resumed run's own tokenizer may not keep its ids where text is cut into pieces (one
     # from a Metaspace tokenizer.json): then files are read whole.
     text = TextCorpus(d.corpus, d.max_bytes,
-                      cut=tokenizer is None or tokenizers.cut_keeps_ids(tokenizer))
+                      cut=tokenizer is None or tokenizers.cut_keeps_ids(tokenizer),
+                      anywhere=(tokenizer.kind if tokenizer else d.tokenizer) in ("byte", "char"))
     plan = Plan(text, d.val_fraction)
     settings = {"format": FORMAT, "prepare": prepare.FORMAT, "piece": sources.PIECE_CHARS,
                 "span": split.SPAN_BYTES,

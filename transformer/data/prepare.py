@@ -227,8 +227,10 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
     # 1 MB is then held out whole, not in spans: spans are cut where pieces are).
     given = None if tokenizer in ("byte", "char", "bpe") else build_tokenizer(tokenizer, 0, None)
     cut = given is None or tokenizers.cut_keeps_ids(given, first_pieces(files))
-    rule = split_rule.choose(Reader(files, text_field, cut).units(), val_fraction)
-    plan = lambda: InputSplit(Reader(files, text_field, cut), rule)  # noqa: E731
+    # A line with no boundary to cut at is cut anyway only where every cut keeps the ids.
+    anywhere = tokenizer in ("byte", "char")
+    rule = split_rule.choose(Reader(files, text_field, cut, anywhere).units(), val_fraction)
+    plan = lambda: InputSplit(Reader(files, text_field, cut, anywhere), rule)  # noqa: E731
     begin = time.perf_counter()
     tok = given or build_tokenizer(tokenizer, vocab_size,
                                    lambda: training_sample(plan(), sample_bytes),

@@ -7,7 +7,9 @@ Parquet, JSON Lines (plain, .gz, .zst) or text, streamed one document (or piece)
 A document is a record, or a text file. A text file is cut into pieces of about PIECE_CHARS
 characters at "x\ny" boundaries (where byte-level BPE always makes the newline a token of its
 own, so the pieces encode to the file's ids; `cut=False` reads it whole, for a tokenizer where
-that does not hold: tokenizers.cut_keeps_ids); only its last piece ends the document. A
+that does not hold: tokenizers.cut_keeps_ids); a stretch with no such boundary is not cut
+(`anywhere=True`, for byte and char, whose ids any cut keeps, cuts it at PIECE_CHARS); only
+its last piece ends the document. A
 file that is not text at all (a NUL byte or no UTF-8 in its first 64 KB: an image in a folder of
 texts) is skipped and counted, as is a record without a text (`Reader.counts`). A damaged file
 is an error naming the file and the fault: a compressed stream that is cut short or corrupt, a
@@ -75,8 +77,9 @@ class Reader:
     """The units of the inputs in order: (text, ends_document). A unit is a record, a small
     text file, or a piece of a large one. `done` is the input bytes consumed so far."""
 
-    def __init__(self, files: list[Path], text_field: str = "text", cut: bool = True):
-        self.files, self.field, self.cut = files, text_field, cut
+    def __init__(self, files: list[Path], text_field: str = "text", cut: bool = True,
+                 anywhere: bool = False):
+        self.files, self.field, self.cut, self.anywhere = files, text_field, cut, anywhere
         self.total = sum(p.stat().st_size for p in files)
         self.done = 0
         self.counts = Counter()  # skipped_files, bad_records (see docs/data.md)
@@ -118,16 +121,29 @@ class Reader:
                 yield "".join(parts) + decode(b"", final=True), True
                 return
             buf, pos = "", 0  # pieces are taken from pos on: the ~1 MB buffer is not copied
+            rest, tail = [], ""  # read past a line with no boundary yet (joined at one)
             while raw:        # once per piece, only once per read
-                buf = buf[pos:] + decode(raw)
+                text = decode(raw)
+                self.done = start + f.tell()
+                raw = f.read(1 << 20)
+                if rest or tail:  # waiting for a boundary: the new text is only searched
+                    rest.append(text)
+                    if not _BOUNDARY.search(tail + text):
+                        tail = (tail + text)[-2:] or tail
+                        continue
+                    text, rest, tail = "".join(rest), [], ""
+                buf = buf[pos:] + text
                 pos = 0
                 while len(buf) - pos >= 2 * PIECE_CHARS:
                     cut = _cut(buf, PIECE_CHARS, pos)
+                    if cut is None and self.anywhere:
+                        cut = pos + PIECE_CHARS
+                    if cut is None:  # no boundary in the buffer: read on until there is one
+                        tail = buf[-2:]
+                        break
                     yield buf[pos:cut], False
                     pos = cut
-                self.done = start + f.tell()
-                raw = f.read(1 << 20)
-            yield buf[pos:] + decode(b"", final=True), True
+            yield buf[pos:] + "".join(rest) + decode(b"", final=True), True
 
     def _jsonl(self, path: Path, start: int):
         with open(path, "rb") as raw:
@@ -230,12 +246,12 @@ def _decode_head(raw: bytes):
 _BOUNDARY = re.compile(r"(?<=\S\n)(?=\S)")
 
 
-def _cut(text: str, target: int, start: int = 0) -> int:
+def _cut(text: str, target: int, start: int = 0) -> int | None:
     """Where to end the piece of `text` that begins at `start`: the last "x\ny" boundary
     (a newline between two non-space characters) before start + target (in the piece's
-    second half), else the first after it, else start + target (a line longer than the
-    buffer). Found with rfind from the end: the regex's forward scan of the whole half cost
-    more than reading the file."""
+    second half), else the first after it, else None (no boundary: a cut anywhere else can
+    change a BPE's ids, so the reader reads on). Found with rfind from the end: the regex's
+    forward scan of the whole half cost more than reading the file."""
     lo, hi = start + target // 2, start + target
     newline = text.rfind("\n", lo - 1, hi - 1)
     while newline >= lo - 1:
@@ -244,4 +260,4 @@ def _cut(text: str, target: int, start: int = 0) -> int:
             return p
         newline = text.rfind("\n", lo - 1, newline)
     m = _BOUNDARY.search(text, hi)
-    return m.start() if m else hi
+    return m.start() if m else None
