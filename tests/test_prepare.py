@@ -626,6 +626,31 @@ def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_ti
     assert tok.eot not in tok.encode("a <|endoftext|> b")
 
 
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_a_record_whose_text_is_not_unicode_is_skipped_and_counted(kind, tmp_path):
+    """JSON allows an unpaired surrogate ("\\ud800"), which no UTF-8 text holds: such a
+    record is left out and counted as a bad record, like one whose text is not a string; every
+    stored byte sequence is UTF-8, and a surrogate pair (an emoji) is ordinary text."""
+    docs = documents(60, seed=18)
+    docs[5] += " \U0001F600 paired"
+    lines = [json.dumps({"text": d}) for d in docs]
+    lines[7] = json.dumps({"text": docs[7] + " \ud800 unpaired"})
+    lines[9] = '{"text": "lone low \\uDC00 half"}'
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "a.jsonl"], out, tokenizer=kind, vocab_size=300,
+                            val_fraction=0.2)
+    assert manifest["skipped"] == {"bad_records": 2}
+    kept = [d for i, d in enumerate(docs) if i not in (7, 9)]
+    tok = prepared.PreparedSet(out, 8).tokenizer
+    stored = [a for split in ("train", "val") for a in read_split(out, split)]
+    assert sorted(a.tolist() for a in stored) == sorted(list(tok.encode(d)) + [tok.eot]
+                                                        for d in kept)
+    if kind == "byte":
+        for a in stored:
+            bytes(a[:-1].astype(np.uint8)).decode("utf-8")  # strict: raises on a surrogate
+
+
 def test_a_prepared_folder_is_on_disk_before_it_has_its_name(tmp_path, monkeypatch):
     """Power loss, not only SIGKILL: every file of the folder and the folder itself are fsynced
     before the rename that names it, and the parent folder after it (else the name can reach

@@ -9,12 +9,13 @@ characters at "x\ny" boundaries (where byte-level BPE always makes the newline a
 own, so the pieces encode to the file's ids; `cut=False` reads it whole, for a tokenizer where
 that does not hold: tokenizers.cut_keeps_ids); a stretch with no such boundary is not cut
 (`anywhere=True`, for byte and char, whose ids any cut keeps, cuts it at PIECE_CHARS); only
-its last piece ends the document. A
-file that is not text at all (a NUL byte or no UTF-8 in its first 64 KB: an image in a folder of
-texts) is skipped and counted, as is a record without a text (`Reader.counts`). A damaged file
-is an error naming the file and the fault: a compressed stream that is cut short or corrupt, a
-JSON Lines line that is not JSON or not UTF-8, an unreadable Parquet file, a text file that
-stops being UTF-8; and so is a wrong text field, naming the fields there are (docs/data.md).
+its last piece ends the document. A file that is not text at all (a NUL byte or no UTF-8 in
+its first 64 KB: an image in a folder of texts) is skipped and counted, as is a record
+without a text or whose text holds an unpaired surrogate (JSON's "\\ud800": no UTF-8 has it)
+(`Reader.counts`). A damaged file is an error naming the file and the fault: a compressed
+stream that is cut short or corrupt, a JSON Lines line that is not JSON or not UTF-8, an
+unreadable Parquet file, a text file that stops being UTF-8; and so is a wrong text field,
+naming the fields there are (docs/data.md).
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ class Reader:
                     have = ", ".join(record) if isinstance(record, dict) else type(record).__name__
                     raise CorpusError(f"{path}: line 1 has no {self.field!r} field (it has: "
                                       f"{have}); pass --text_field=NAME")
-                if not isinstance(text, str):
-                    self.counts["bad_records"] += 1
+                if not isinstance(text, str) or (_SURROGATE.search(line)
+                                                 and not _is_unicode(text)):
+                    self.counts["bad_records"] += 1  # not a string; an unpaired surrogate
                     continue
                 if text:
                     yield text, True
@@ -231,6 +233,20 @@ def _zstd_lines(raw, path: Path):
                           "incomplete)")
     if tail:
         yield tail
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a surrogate (\ud800)
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is Unicode text: JSON's "\\ud800" alone (an unpaired surrogate, which
+    JSON allows) is not, and has no UTF-8: no tokenizer can encode it, and the byte tokenizer
+    would store bytes that no UTF-8 text holds."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _decode_head(raw: bytes):
