@@ -528,6 +528,46 @@ def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_
         [tok.encode(d).ids + [eot] for d in train]
 
 
+def _gapped_tokenizer(path: Path, merged_id: int, end: bool) -> None:
+    """A byte-level tokenizer.json whose one merge ("ab") has the id `merged_id`, past its
+    count of tokens (its ids have gaps), with its own end token after it or none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {c: b for b, c in tokenizers._bytes_to_unicode().items()}
+    vocab["ab"] = merged_id
+    if end:
+        vocab[tokenizers.EOT] = merged_id + 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if end:
+        tok.add_special_tokens([tokenizers.EOT])
+    tok.save(str(path))
+
+
+def test_a_tokenizer_file_whose_ids_have_gaps_keeps_every_id(tmp_path):
+    """The vocabulary is one past the largest id, not the count of tokens: an id past the
+    count (70,000 in a file of 258 tokens) is stored as itself (uint32), every id is below the
+    vocabulary a model is built with; an end token the library would number onto another
+    token's id is refused in one line, with no folder."""
+    docs = [f"ab cab {i} dab\n" * 5 for i in range(40)]
+    (tmp_path / "in").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "in" / f"{i}.txt").write_text(d)
+    _gapped_tokenizer(tmp_path / "gaps.json", 70_000, end=True)
+    manifest = prep.prepare([tmp_path / "in"], tmp_path / "set", val_fraction=0.3,
+                            tokenizer=str(tmp_path / "gaps.json"))
+    stored = [a for split in ("train", "val") for a in read_split(tmp_path / "set", split)]
+    tok = prepared.PreparedSet(tmp_path / "set", 8).tokenizer
+    assert 70_000 in tok.encode(docs[0])
+    assert sorted(a.tolist() for a in stored) == sorted(tok.encode(d) + [tok.eot] for d in docs)
+    assert max(int(a.max()) for a in stored) < manifest["tokenizer"]["vocab_size"] == \
+        tok.vocab_size
+    _gapped_tokenizer(tmp_path / "collide.json", 257, end=False)  # 256 free: the added id
+    with pytest.raises(CorpusError, match="already the id of another token"):
+        prep.prepare([tmp_path / "in"], tmp_path / "set2", tokenizer=str(tmp_path /
+                                                                          "collide.json"))
+    assert not (tmp_path / "set2").exists()
+
+
 def test_a_piece_ends_at_the_last_line_boundary_of_its_second_half():
     """The cut (found with rfind) is the regex definition: the last position in
     [start + target/2, start + target) just after a newline between two non-space characters

@@ -90,8 +90,13 @@ def build_tokenizer(kind: str, vocab_size: int, sample, documents=None):
                           f"{' '.join(str(e).split())}") from None
     eot = next((tok.token_to_id(t) for t in _EOT_NAMES if tok.token_to_id(t) is not None), None)
     if eot is None:
+        ids = set(tok.get_vocab(with_added_tokens=True).values())
         tok.add_special_tokens([tokenizers.EOT])
         eot = tok.token_to_id(tokenizers.EOT)
+        if eot in ids:  # the library numbers an added token by count: a gap below it
+            raise CorpusError(f"--tokenizer={kind}: the end-of-text token added to it would be "
+                              f"id {eot}, already the id of another token (its ids have gaps): "
+                              f"give a file with its own end token ({', '.join(_EOT_NAMES)})")
     return tokenizers.BPETokenizer(tok, eot)
 
 

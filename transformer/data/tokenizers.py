@@ -125,7 +125,11 @@ class BPETokenizer:
 
     def __init__(self, tokenizer, eot: int | None = None):
         self._tok = tokenizer  # a tokenizers.Tokenizer
-        self.vocab_size = tokenizer.get_vocab_size()
+        # One past its largest id, not its count of tokens (get_vocab_size): a tokenizer.json
+        # whose ids have gaps has ids past its count, which a model of that many rows, or a
+        # uint16 shard chosen by it, would not hold.
+        self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(),
+                              default=-1) + 1
         # The end-of-text id: None unless the set was prepared (prepare.py adds or finds one).
         self.eot = tokenizer.token_to_id(EOT) if eot is None else eot
 
