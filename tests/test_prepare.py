@@ -691,6 +691,25 @@ def test_a_record_whose_text_is_not_unicode_is_skipped_and_counted(kind, tmp_pat
             bytes(a[:-1].astype(np.uint8)).decode("utf-8")  # strict: raises on a surrogate
 
 
+def test_the_first_jsonl_record_decides_the_text_field_by_its_keys_not_its_value(tmp_path):
+    """A first record that has the field with a null text is a bad record (the rest are
+    prepared), not a wrong --text_field; and the first record is the first non-blank line, so a
+    wrong field after a blank first line is still named with the fields there are."""
+    docs = documents(60, seed=19)
+    (tmp_path / "null.jsonl").write_text("".join(json.dumps({"id": 0, "text": d}) + "\n"
+                                                 for d in [None] + docs))
+    manifest = prep.prepare([tmp_path / "null.jsonl"], tmp_path / "set", val_fraction=0.2)
+    assert manifest["skipped"] == {"bad_records": 1}
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] \
+        == len(docs)
+    (tmp_path / "blank.jsonl").write_text("\n" + "".join(json.dumps({"body": d}) + "\n"
+                                                         for d in docs))
+    with pytest.raises(CorpusError, match=r"blank.jsonl: line 2 has no 'text' field \(it has: "
+                                          r"body\); pass --text_field=NAME"):
+        prep.prepare([tmp_path / "blank.jsonl"], tmp_path / "set2")
+    assert not (tmp_path / "set2").exists()
+
+
 def test_a_prepared_folder_is_on_disk_before_it_has_its_name(tmp_path, monkeypatch):
     """Power loss, not only SIGKILL: every file of the folder and the folder itself are fsynced
     before the rename that names it, and the parent folder after it (else the name can reach

@@ -155,6 +155,7 @@ class Reader:
                 stream = _zstd_lines(raw, path)
             else:
                 stream = raw
+            first = True
             for n, line in enumerate(stream, 1):
                 if n % 4096 == 0:
                     self.done = start + raw.tell()
@@ -169,10 +170,12 @@ class Reader:
                     raise CorpusError(f"{path}: line {n:,} is not JSON ({e}): damaged or cut "
                                       "short") from None
                 text = record.get(self.field) if isinstance(record, dict) else None
-                if text is None and n == 1:  # the first record decides: a wrong --text_field
+                if first and not (isinstance(record, dict) and self.field in record):
+                    # The first record decides a wrong --text_field (a null text is a bad record)
                     have = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                    raise CorpusError(f"{path}: line 1 has no {self.field!r} field (it has: "
+                    raise CorpusError(f"{path}: line {n:,} has no {self.field!r} field (it has: "
                                       f"{have}); pass --text_field=NAME")
+                first = False
                 if not isinstance(text, str) or (_SURROGATE.search(line)
                                                  and not _is_unicode(text)):
                     self.counts["bad_records"] += 1  # not a string; an unpaired surrogate
