@@ -239,6 +239,24 @@ def test_more_data_keeps_every_earlier_validation_document_in_validation(tmp_pat
     assert len(large_val) > len(small_val)
 
 
+def test_an_out_folder_inside_the_input_is_not_read_as_input(tmp_path):
+    """Preparing a folder into a folder inside it, again with --overwrite, gives the same set:
+    the files of the folder being replaced (its manifest.json, tokenizer.json, shards) are
+    never documents of the new one."""
+    docs = documents(60, seed=22)
+    (tmp_path / "in").mkdir()
+    for k, d in enumerate(docs):
+        (tmp_path / "in" / f"{k:03d}.txt").write_text(d)
+    out = tmp_path / "in" / "prepared"
+    first = prep.prepare([tmp_path / "in"], out, val_fraction=0.2)
+    stored = {s: [a.tolist() for a in read_split(out, s)] for s in ("train", "val")}
+    again = prep.prepare([tmp_path / "in"], out, val_fraction=0.2, overwrite=True)
+    assert {s: [a.tolist() for a in read_split(out, s)] for s in ("train", "val")} == stored
+    assert again["splits"] == first["splits"] and again["skipped"] == {}
+    with pytest.raises(CorpusError, match="no input files outside --out"):
+        prep.prepare([out], out, overwrite=True)
+
+
 def test_a_failed_prepare_leaves_no_folder(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(50, seed=6)))

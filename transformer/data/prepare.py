@@ -226,7 +226,11 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
         raise CorpusError(f"--out={out} exists and is not a prepared dataset (no manifest.json): "
                           "--overwrite replaces only those; choose another --out")
     inputs = [str(i) for i in inputs]
-    files = expand(inputs)
+    # The folder being replaced is never input (an --out inside an input folder: a second run
+    # would read the first one's manifest.json and tokenizer.json as documents).
+    files = [p for p in expand(inputs) if not _under(p, out)]
+    if not files:
+        raise CorpusError(f"{' '.join(inputs)}: no input files outside --out={out}")
     # A tokenizer.json from disk is loaded first: where cutting a text file into pieces would
     # not keep its ids (a Metaspace pre-tokenizer), text files are read whole (and one over
     # 1 MB is then held out whole, not in spans: spans are cut where pieces are).
@@ -247,6 +251,10 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
                           "mtime": st.st_mtime} for p in files]}
     return write(out, plan(), tok, tokenizer, sample_bytes, learned, extra, progress,
                  shard_tokens, replace=True)
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
 
 
 def first_pieces(files, count: int = 8) -> list[str]:
