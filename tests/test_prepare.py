@@ -546,6 +546,27 @@ def test_a_tokenizer_file_from_disk_is_used_as_it_is_with_its_own_end_token(own_
         [tok.encode(d).ids + [eot] for d in train]
 
 
+def test_an_end_token_the_file_does_not_mark_special_is_still_never_parsed(tmp_path):
+    """A tokenizer.json whose end token is an added token not marked special: a document
+    holding its string stores it as text, with one end token (at its end), in prepare and in
+    the set's tokenizer that encodes prompts."""
+    from tokenizers import AddedToken
+    docs = [d + " <|endoftext|> and on" for d in documents(60, seed=23)]
+    trained = tokenizers.BPETokenizer.train(iter(docs), 300).hf_tokenizer()
+    trained.add_tokens([AddedToken(tokenizers.EOT, special=False)])
+    trained.save(str(tmp_path / "given.json"))
+    inputs = write_inputs(tmp_path / "in", docs)
+    prep.prepare(inputs, tmp_path / "set", tokenizer=str(tmp_path / "given.json"),
+                 val_fraction=0.2)
+    tok = prepared.PreparedSet(tmp_path / "set", 8).tokenizer
+    assert tok.eot == trained.token_to_id(tokenizers.EOT)
+    stored = [a for split in ("train", "val") for a in read_split(tmp_path / "set", split)]
+    assert [(a == tok.eot).sum() for a in stored] == [1] * len(docs)
+    assert all(a[-1] == tok.eot for a in stored)
+    assert sorted(tok.decode(a[:-1]) for a in stored) == sorted(docs)
+    assert tok.eot not in tok.encode("a <|endoftext|> b")
+
+
 def _gapped_tokenizer(path: Path, merged_id: int, end: bool) -> None:
     """A byte-level tokenizer.json whose one merge ("ab") has the id `merged_id`, past its
     count of tokens (its ids have gaps), with its own end token after it or none."""

@@ -107,7 +107,7 @@ class Encoder:
     tokenizer.json gives the same ids, ~4x slower for char)."""
 
     def __init__(self, tokenizer):
-        self.tok = tokenizers.ordinary(tokenizer.hf_tokenizer())
+        self.tok = tokenizers.ordinary(tokenizer.hf_tokenizer(), tokenizer.eot)
         self.kind = tokenizer.kind
         if self.kind == "char":  # code point -> id
             self.table = np.full(max(map(ord, tokenizer.chars)) + 1, -1, np.int64)

@@ -160,7 +160,7 @@ class BPETokenizer:
     def ordinary(self):
         """The tokenizer that encodes text as text (`ordinary`), made once."""
         if getattr(self, "_ordinary", None) is None:
-            self._ordinary = ordinary(self._tok)
+            self._ordinary = ordinary(self._tok, self.eot)
         return self._ordinary
 
     def decode(self, ids) -> str:
@@ -180,13 +180,15 @@ def _chunks(text: str, lines: int = 256):
         yield "".join(pieces[i:i + lines])
 
 
-def ordinary(hf):
+def ordinary(hf, eot: int | None = None):
     """A copy of the `tokenizers.Tokenizer` hf that takes every string in its input as text:
-    its special tokens are not matched in the input (they stay in the vocabulary: decoding is
+    its special tokens, and the end-of-text token `eot` even where the file does not mark it
+    special, are not matched in the input (they stay in the vocabulary: decoding is
     unchanged), and no post-processor adds any. Encode with add_special_tokens=False."""
     from tokenizers import Tokenizer
     spec = json.loads(hf.to_str())
-    spec["added_tokens"] = [t for t in spec.get("added_tokens") or [] if not t.get("special")]
+    spec["added_tokens"] = [t for t in spec.get("added_tokens") or []
+                            if not t.get("special") and t.get("id") != eot]
     spec["post_processor"] = None
     return Tokenizer.from_str(json.dumps(spec))
 
