@@ -165,6 +165,18 @@ def test_a_text_file_without_line_boundaries_is_stored_as_its_whole_encoding(tmp
         assert sorted(stored) == sorted(want), kind
 
 
+def test_the_bpe_sample_stays_its_size_when_a_file_is_one_long_line():
+    """The training sample BPE learns from is at most sample_bytes of text, even where a
+    single unit (a file with no line boundary, read whole) is larger."""
+    class Plan:
+        def units(self):
+            yield "x" * 10, True, "train"
+            yield "y" * 1000, True, "val"
+            yield "z" * 5000, True, "train"
+            yield "w" * 10, True, "train"
+    assert list(prep.training_sample(Plan(), 100)) == ["x" * 10, "z" * 90]
+
+
 def test_a_document_over_the_span_size_is_held_out_in_long_contiguous_spans(tmp_path,
                                                                              monkeypatch):
     """One large file (scaled down: spans of 64 KiB for a ~700 KB file): validation is whole

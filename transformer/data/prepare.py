@@ -267,12 +267,15 @@ def first_pieces(files, count: int = 8) -> list[str]:
 
 
 def training_sample(plan, sample_bytes: int):
-    """The first `sample_bytes` of training text, in input order (what BPE learns from)."""
+    """The first `sample_bytes` of training text (counted in characters), in input order (what
+    BPE learns from); the last text taken is cut there (one long line, a file read whole, a
+    large record: the sample stays that size)."""
     taken = 0
     for text, _, split in plan.units():
         if taken >= sample_bytes:
             return
         if split == "train":
+            text = text[: sample_bytes - taken]
             taken += len(text)
             yield text
 
