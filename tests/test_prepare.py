@@ -165,6 +165,17 @@ def test_a_text_file_without_line_boundaries_is_stored_as_its_whole_encoding(tmp
         assert sorted(stored) == sorted(want), kind
 
 
+def test_a_given_tokenizer_is_checked_on_pieces_of_the_first_file_that_has_them(tmp_path):
+    """The pieces a tokenizer.json is checked on come from the first long text file that is
+    cut at all: one with no line boundary (read whole, one piece) is passed over."""
+    flat = "\r\n".join(d.replace("\n", " ") for d in documents(800, seed=24))
+    lines = "".join(documents(800, seed=25))
+    (tmp_path / "a.txt").write_text(flat, newline="")
+    (tmp_path / "b.txt").write_text(lines)
+    pieces = prep.first_pieces([tmp_path / "a.txt", tmp_path / "b.txt"])
+    assert len(pieces) > 1 and lines.startswith("".join(pieces))
+
+
 def test_the_bpe_sample_stays_its_size_when_a_file_is_one_long_line():
     """The training sample BPE learns from is at most sample_bytes of text, even where a
     single unit (a file with no line boundary, read whole) is larger."""

@@ -257,12 +257,15 @@ def _under(path: Path, folder: Path) -> bool:
     return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
 
 
-def first_pieces(files, count: int = 8) -> list[str]:
-    """The first `count` pieces of the first text file long enough to be cut (what
-    tokenizers.cut_keeps_ids checks a given tokenizer on), or none."""
-    for path in files:
-        if kind_of(path) == "text" and path.stat().st_size >= 2 * PIECE_CHARS:
-            return list(itertools.islice((t for t, _ in Reader([path]).units()), count))
+def first_pieces(files, count: int = 8, tries: int = 8) -> list[str]:
+    """The first `count` pieces of the first text file that is cut into two or more (what
+    tokenizers.cut_keeps_ids checks a given tokenizer on; of the first `tries` long enough:
+    one with no line boundary is one piece), or none."""
+    long = (p for p in files if kind_of(p) == "text" and p.stat().st_size >= 2 * PIECE_CHARS)
+    for path in itertools.islice(long, tries):
+        pieces = list(itertools.islice((t for t, _ in Reader([path]).units()), count))
+        if len(pieces) > 1:
+            return pieces
     return []
 
 
