@@ -344,6 +344,8 @@ BAD = [
      "corrupt.parquet: "),
     ("a text file that stops being UTF-8", ["{T}/latin1.txt", "--out={T}/d9"],
      "latin1.txt: not UTF-8 text near byte 20,013"),
+    ("a Parquet text that is not UTF-8", ["{T}/latin1.parquet", "--out={T}/d10"],
+     "latin1.parquet: row 301 is not UTF-8"),
 ]
 
 
@@ -369,6 +371,13 @@ def damage_files(folder: Path) -> None:
     (folder / "corrupt.parquet").write_bytes(raw[:1000] + bytes(2000) + raw[3000:])
     (folder / "good.parquet").unlink()
     (folder / "latin1.txt").write_bytes(b"a line of text\n" * 1334 + "café\n".encode("latin-1"))
+    # A string column holding Latin-1 (Arrow checks what it writes; other writers need not).
+    texts = [d.encode() for d in documents(400, seed=22)]
+    texts[300] = "café".encode("latin-1")
+    offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
+    column = pa.Array.from_buffers(pa.string(), len(texts), [
+        None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(texts))])
+    pq.write_table(pa.table({"text": column}), folder / "latin1.parquet", row_group_size=256)
 
 
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path):

@@ -14,7 +14,8 @@ its first 64 KB: an image in a folder of texts) is skipped and counted, as is a 
 without a text or whose text holds an unpaired surrogate (JSON's "\\ud800": no UTF-8 has it)
 (`Reader.counts`). A damaged file is an error naming the file and the fault: a compressed
 stream that is cut short or corrupt, a JSON Lines line that is not JSON or not UTF-8, an
-unreadable Parquet file, a text file that stops being UTF-8; and so is a wrong text field,
+unreadable Parquet file or one with a text that is not UTF-8, a text file that stops being
+UTF-8; and so is a wrong text field,
 naming the fields there are (docs/data.md).
 """
 
@@ -196,7 +197,7 @@ class Reader:
             # Row group by row group, 256 rows at a time turned into Python strings (a whole
             # row group of them at once peaked at 677 MB RSS on a 240 MB set, against 410 MB).
             for batch in pf.iter_batches(batch_size=256, columns=[self.field]):
-                for text in batch.column(0).to_pylist():
+                for text in _strings(batch.column(0), path, done):
                     if isinstance(text, str) and text:
                         yield text, True
                     else:
@@ -206,6 +207,22 @@ class Reader:
         except pyarrow.ArrowException as e:
             raise CorpusError(f"{path}: not a readable Parquet file: "
                               f"{' '.join(str(e).split())}") from None
+
+
+def _strings(column, path: Path, first_row: int) -> list:
+    """A Parquet column's values as Python objects; a string that is not UTF-8 (pyarrow
+    checks none that it reads: a writer other than Arrow can store any bytes) is an error
+    naming the file and its row (counted from 1)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError as e:
+        for k in range(len(column)):
+            try:
+                column[k].as_py()
+            except UnicodeDecodeError:
+                raise CorpusError(f"{path}: row {first_row + k + 1:,} is not UTF-8 ({e.reason}): "
+                                  "damaged, or written in another encoding") from None
+        raise
 
 
 def _zstd_lines(raw, path: Path):
