@@ -100,6 +100,28 @@ def test_a_corpus_too_small_to_split_by_document_holds_out_its_tail(tmp_path, ow
     assert "val: the last 5.0% of the text (too few documents" in source.describe(config)
 
 
+@pytest.mark.parametrize("past", [0, 1, 2, 3])
+def test_max_bytes_at_a_piece_boundary_keeps_every_byte_read_and_ends_the_document(
+        past, tmp_path, own_cache):
+    """A budget that ends with a piece of a file (past=0), or leaves less than the next
+    piece's first character (a 3-byte one: past=1, 2), still ends the document there: every
+    byte read is stored, and each document holds one end token."""
+    from transformer.data import sources
+    lines = [f"中{i} " + " ".join(documents(1, seed=i)[0].split()) + "\n" for i in range(3000)]
+    (tmp_path / "a.txt").write_text("".join(lines))
+    (tmp_path / "b.txt").write_text("".join(lines[:50]))
+    pieces = [t for t, _ in sources.Reader([tmp_path / "a.txt"]).units()]
+    assert len(pieces) > 3 and pieces[2].startswith("中")
+    budget = len("".join(pieces[:2]).encode()) + past
+    tok, source = data.load(config_for(tmp_path, max_bytes=budget))
+    splits = source.manifest["splits"]
+    assert source.read.bytes == budget - (past in (1, 2)) * past
+    assert splits["train"]["bytes"] + splits["val"]["bytes"] == source.read.bytes
+    stored = [a for split in ("train", "val") for a in read_split(source.folder, split)]
+    assert sum(int((a == tok.eot).sum()) for a in stored) == 1
+    assert splits["train"]["documents"] + splits["val"]["documents"] == 1
+
+
 def test_a_set_prepared_by_another_version_is_not_reused(tmp_path, own_cache, monkeypatch):
     """The cache's key carries its format: a folder made by the code before one end token a
     document and the split by document (format 1) is never what a run of this code reads."""

@@ -88,15 +88,21 @@ class TextCorpus:
                 break
             reader = sources.Reader([path], self.field, self.cut, self.anywhere)
             took = False
+            open_document = False  # a piece of the file was yielded and did not end it
             for text, ends in reader.units():
                 raw = text.encode("utf-8", "surrogatepass")
-                if size + len(raw) > self.max_bytes:  # the cut: a whole character at the end
+                if size + len(raw) > self.max_bytes or (size + len(raw) == self.max_bytes
+                                                        and not ends):
+                    # The cut: a whole character at the end, and the document ends there (also
+                    # when the budget ends with a piece, or leaves no whole character: an empty
+                    # unit then ends the document its pieces began, which no unit would end).
                     raw = raw[: self.max_bytes - size].decode("utf-8", "ignore").encode()
                     text, ends, full = raw.decode(), True, True
-                if text:
+                if text or (open_document and ends):
                     size += len(raw)
                     took = True
                     self.done = size
+                    open_document = not ends
                     yield text, ends
                 if full:
                     break
