@@ -122,6 +122,25 @@ def test_max_bytes_at_a_piece_boundary_keeps_every_byte_read_and_ends_the_docume
     assert splits["train"]["documents"] + splits["val"]["documents"] == 1
 
 
+def test_records_without_a_text_are_reported_as_records_not_files(tmp_path, own_cache):
+    """Named directly, a JSON Lines file's records without a text are counted as what they
+    are, in the run's data line and the manifest (as prepare counts them), and a binary file
+    as a file."""
+    import json
+    docs = documents(60, seed=26)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(
+        json.dumps({"text": None if i % 20 == 1 else d}) + "\n" for i, d in enumerate(docs)))
+    (tmp_path / "in" / "b.bin").write_bytes(bytes(range(256)))
+    config = config_for(tmp_path / "in", seq_len=4)
+    _, source = data.load(config)
+    line = data.describe(config, source)
+    assert "1 binary or unreadable files skipped" in line
+    assert "3 records without a text left out" in line
+    assert source.manifest["skipped"] == {"skipped_files": 1, "bad_records": 3} == \
+        prepare.prepare([tmp_path / "in"], tmp_path / "set")["skipped"]
+
+
 def test_a_set_prepared_by_another_version_is_not_reused(tmp_path, own_cache, monkeypatch):
     """The cache's key carries its format: a folder made by the code before one end token a
     document and the split by document (format 1) is never what a run of this code reads."""

@@ -33,6 +33,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from transformer.data import corpus as corpus_lib
@@ -80,7 +81,8 @@ class TextCorpus:
 
     def units(self):
         files = self._files()
-        size = used = skipped = 0
+        size = used = 0
+        skipped = Counter()  # sources.Reader's counts: skipped_files, bad_records
         full, unused = False, None
         for index, path in enumerate(files):
             if size >= self.max_bytes:
@@ -106,7 +108,7 @@ class TextCorpus:
                     yield text, ends
                 if full:
                     break
-            skipped += sum(reader.counts.values())
+            skipped.update(reader.counts)
             used += took
             if full:
                 unused = len(files) - index - 1 if isinstance(files, list) else None
@@ -114,7 +116,8 @@ class TextCorpus:
         if not size:
             what = "holds no UTF-8 text" if skipped else "is empty"
             raise CorpusError(f"data.corpus={self.corpus!r}: {self.name} {what}")
-        self.read = corpus_lib.Read(size, used, skipped, unused, self.max_bytes, full)
+        self.read = corpus_lib.Read(size, used, skipped["skipped_files"], unused, self.max_bytes,
+                                    full, skipped["bad_records"])
 
 
 class Plan:
@@ -151,7 +154,9 @@ class Plan:
         return self.text.done, self.total
 
     def skipped(self) -> dict:
-        return {"skipped_files": self.text.read.skipped} if self.text.read.skipped else {}
+        read = self.text.read  # as prepare's manifest says it
+        return {k: v for k, v in (("skipped_files", read.skipped),
+                                  ("bad_records", read.bad_records)) if v}
 
 
 def _fingerprinted(units, key):

@@ -55,6 +55,7 @@ class Read:
     unused: int | None    # files never read because max_bytes was reached (None: not counted)
     max_bytes: int
     full: bool            # max_bytes was reached: the text was cut there
+    bad_records: int = 0  # JSON Lines records and Parquet rows without a text, left out
 
     def describe(self) -> str:
         amount = f"{self.bytes / 1e6:.2f} MB" if self.bytes >= 100_000 else \
@@ -67,6 +68,8 @@ class Read:
             parts.append(f"data.max_bytes={self.max_bytes:,} reached{rest}")
         if self.skipped:
             parts.append(f"{self.skipped:,} binary or unreadable files skipped")
+        if self.bad_records:
+            parts.append(f"{self.bad_records:,} records without a text left out")
         return ", ".join(parts)
 
 
