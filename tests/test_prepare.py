@@ -280,6 +280,21 @@ def test_an_out_folder_inside_the_input_is_not_read_as_input(tmp_path):
         prep.prepare([out], out, overwrite=True)
 
 
+def test_overwrite_of_the_current_folder_given_as_dot_replaces_it(tmp_path, monkeypatch):
+    """--out=. from inside a prepared folder, with --overwrite, leaves the new set there,
+    complete (before: the old set deleted, the new one with it, and a traceback)."""
+    (tmp_path / "in").mkdir()
+    for k, d in enumerate(documents(60, seed=27)):
+        (tmp_path / "in" / f"{k:03d}.txt").write_text(d)
+    prep.prepare([tmp_path / "in"], tmp_path / "set", val_fraction=0.2)
+    stored = {s: [a.tolist() for a in read_split(tmp_path / "set", s)] for s in ("train", "val")}
+    monkeypatch.chdir(tmp_path / "set")
+    prep.prepare([tmp_path / "in"], ".", val_fraction=0.2, overwrite=True)
+    assert {s: [a.tolist() for a in read_split(tmp_path / "set", s)]
+            for s in ("train", "val")} == stored
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
 def test_a_failed_prepare_leaves_no_folder(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(50, seed=6)))

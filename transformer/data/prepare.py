@@ -249,8 +249,10 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
              "inputs": inputs, "command": command,
              "sources": [{"path": str(p), "size": (st := p.stat()).st_size,
                           "mtime": st.st_mtime} for p in files]}
-    return write(out, plan(), tok, tokenizer, sample_bytes, learned, extra, progress,
-                 shard_tokens, replace=True)
+    # Written by its absolute path: --out=. (or ..) has no name to put a temporary folder
+    # beside and rename, and replacing it then deleted the old set and the new one with it.
+    return write(Path(os.path.abspath(out)), plan(), tok, tokenizer, sample_bytes, learned,
+                 extra, progress, shard_tokens, replace=True)
 
 
 def _under(path: Path, folder: Path) -> bool:
