@@ -176,6 +176,31 @@ def test_a_given_tokenizer_is_checked_on_pieces_of_the_first_file_that_has_them(
     assert len(pieces) > 1 and lines.startswith("".join(pieces))
 
 
+def test_a_line_longer_than_several_reads_is_one_piece_and_the_rest_is_cut_as_before(
+        tmp_path):
+    """The reader reads on past a line longer than its 1 MB reads to the next "x\ny"
+    boundary: the pieces are the file, each ends at a boundary, and after the long line
+    pieces are ~16K again; with anywhere=True (byte, char) it is cut anyway: no piece is
+    longer than a read and its rest."""
+    import re
+
+    from transformer.data.sources import PIECE_CHARS, Reader
+    lines = "".join(documents(3000, seed=28))
+    text = lines[:50_000] + "word " * 600_000 + "end\n" + lines
+    (tmp_path / "a.txt").write_text(text)
+    pieces = [t for t, _ in Reader([tmp_path / "a.txt"]).units()]
+    assert "".join(pieces) == text
+    boundary = re.compile(r"(?<=\S\n)(?=\S)")
+    at = 0
+    for piece in pieces[:-1]:
+        at += len(piece)
+        assert boundary.match(text, at), at
+    assert max(len(p) for p in pieces) > 3_000_000
+    assert sum(len(p) < 2 * PIECE_CHARS for p in pieces) >= len(pieces) - 2
+    cut = [t for t, _ in Reader([tmp_path / "a.txt"], anywhere=True).units()]
+    assert "".join(cut) == text and max(len(p) for p in cut) < (1 << 20) + 2 * PIECE_CHARS
+
+
 def test_the_bpe_sample_stays_its_size_when_a_file_is_one_long_line():
     """The training sample BPE learns from is at most sample_bytes of text, even where a
     single unit (a file with no line boundary, read whole) is larger."""
