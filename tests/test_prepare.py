@@ -639,6 +639,29 @@ def test_an_end_token_the_file_does_not_mark_special_is_still_never_parsed(tmp_p
     assert tok.eot not in tok.encode("a <|endoftext|> b")
 
 
+def test_a_tokenizer_files_saved_truncation_and_padding_are_not_applied(tmp_path):
+    """A tokenizer.json saved with truncation and padding on (max_length 64, padded to 128:
+    as many a file from a model's repository has) stores every document whole, as its full
+    encoding and its end token, and the set's tokenizer encodes a prompt whole."""
+    docs = ["".join(documents(40, seed=30 + i)) for i in range(40)]
+    trained = tokenizers.BPETokenizer.train(iter(docs), 300).hf_tokenizer()
+    whole = [e.ids for e in trained.encode_batch(docs, add_special_tokens=False)]
+    assert min(map(len, whole)) > 128
+    trained.add_special_tokens(["<pad>"])
+    trained.enable_truncation(max_length=64)
+    trained.enable_padding(pad_id=trained.token_to_id("<pad>"), pad_token="<pad>", length=128)
+    trained.save(str(tmp_path / "given.json"))
+    (tmp_path / "in").mkdir()
+    for k, d in enumerate(docs):
+        (tmp_path / "in" / f"{k:03d}.txt").write_text(d)
+    manifest = prep.prepare([tmp_path / "in"], tmp_path / "set", val_fraction=0.2,
+                            tokenizer=str(tmp_path / "given.json"))
+    eot = manifest["tokenizer"]["eot"]
+    stored = [a.tolist() for split in ("train", "val") for a in read_split(tmp_path / "set", split)]
+    assert sorted(stored) == sorted(ids + [eot] for ids in whole)
+    assert prepared.PreparedSet(tmp_path / "set", 8).tokenizer.encode(docs[0]) == whole[0]
+
+
 def _gapped_tokenizer(path: Path, merged_id: int, end: bool) -> None:
     """A byte-level tokenizer.json whose one merge ("ab") has the id `merged_id`, past its
     count of tokens (its ids have gaps), with its own end token after it or none."""

@@ -12,7 +12,8 @@
 
 Text is text: every tokenizer encodes a document's characters as ordinary text, as nanoGPT's
 `encode_ordinary` does (a literal `<|endoftext|>` in it is 13 characters, never the end token),
-and adds nothing around it (a tokenizer.json's post-processor, a Llama-style BOS, is not run).
+and adds nothing around it (a tokenizer.json's post-processor, a Llama-style BOS, is not run;
+nor its saved truncation or padding).
 The end-of-text token is placed by whoever ends a document (prepare.py), never parsed.
 """
 
@@ -184,12 +185,14 @@ def ordinary(hf, eot: int | None = None):
     """A copy of the `tokenizers.Tokenizer` hf that takes every string in its input as text:
     its special tokens, and the end-of-text token `eot` even where the file does not mark it
     special, are not matched in the input (they stay in the vocabulary: decoding is
-    unchanged), and no post-processor adds any. Encode with add_special_tokens=False."""
+    unchanged), and no post-processor adds any; a truncation or padding saved in the file
+    (a max_length of 512, a pad to it) is not applied: a text's ids are all of its ids, and
+    only them. Encode with add_special_tokens=False."""
     from tokenizers import Tokenizer
     spec = json.loads(hf.to_str())
     spec["added_tokens"] = [t for t in spec.get("added_tokens") or []
                             if not t.get("special") and t.get("id") != eot]
-    spec["post_processor"] = None
+    spec["post_processor"] = spec["truncation"] = spec["padding"] = None
     return Tokenizer.from_str(json.dumps(spec))
 
 
