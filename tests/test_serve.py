@@ -215,6 +215,19 @@ def test_bad_requests_get_400_with_openai_error_json(client, kwargs, param):
     assert error["message"] and "\n" not in error["message"]
 
 
+def test_a_top_k_past_int32_is_refused_and_the_server_keeps_answering(client):
+    """top_k=10**12 passed the checks, then overflowed the device thread's int32 knobs: the
+    thread died, and this and every later request waited forever while /health said ok."""
+    quick = client.with_options(timeout=60)
+    with pytest.raises(openai.BadRequestError) as caught:
+        quick.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                 extra_body={"top_k": 10**12})
+    assert caught.value.body["param"] == "top_k"
+    [c] = quick.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                   extra_body={"top_k": 10**6}).choices  # past V: all tokens
+    assert c.finish_reason in ("length", "stop")
+
+
 def test_malformed_bodies_and_an_unknown_model(server, client):
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10,
                    headers={"Content-Type": "application/json"})

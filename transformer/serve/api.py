@@ -166,7 +166,8 @@ def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens") -> dict:
         max_tokens=_number(body, max_tokens_field, 16, int, 0, max_tokens_limit),
         temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
-        top_k=_number(body, "top_k", 0, int, 0),
+        # top_k past the vocabulary keeps every token; past int32 it cannot reach the device
+        top_k=_number(body, "top_k", 0, int, 0, 2**31 - 1),
         seed=_number(body, "seed", 0, int, 0, 2**31 - 1) if seed is not None
         else secrets.randbelow(2**31),
         stop=_stops(body),
