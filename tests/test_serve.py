@@ -215,6 +215,16 @@ def test_bad_requests_get_400_with_openai_error_json(client, kwargs, param):
     assert error["message"] and "\n" not in error["message"]
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_nan_knobs_are_refused(server, field):
+    """Python's JSON reads NaN (json.dumps writes it by default); NaN fails no comparison, so
+    temperature=NaN and top_p=NaN were sampled with, answering 200."""
+    body = f'{{"prompt": "{PROMPT}", "max_tokens": 4, "{field}": NaN}}'.encode()
+    r = httpx.post(f"{server}/v1/completions", content=body, timeout=60,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
 def test_a_top_k_past_int32_is_refused_and_the_server_keeps_answering(client):
     """top_k=10**12 passed the checks, then overflowed the device thread's int32 knobs: the
     thread died, and this and every later request waited forever while /health said ok."""

@@ -25,6 +25,7 @@ A refusal is HTTP 400 with {"error": {"message", "type", "param", "code"}}: one 
 from __future__ import annotations
 
 import dataclasses
+import math
 import secrets
 import time
 import uuid
@@ -72,7 +73,9 @@ def _number(body, name, default, kind, low=None, high=None, low_open=False):
     value = body.get(name)
     if value is None:
         return default
+    # Python's JSON reads NaN and Infinity; NaN passes every comparison, so it is refused here.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and math.isnan(value)) or (
             kind is int and isinstance(value, float) and not value.is_integer()):
         raise ApiError(f"{name}={value!r}: must be {'an integer' if kind is int else 'a number'}",
                        name)
