@@ -155,8 +155,24 @@ def test_echo_scores_the_prompt_with_the_models_log_softmax(workdir, client):
     assert lp.text_offset == list(range(len(text)))  # a char model: token t is character t
     for t, top in enumerate(lp.top_logprobs[1:]):  # the two likeliest after tokens[:t+1]
         best = np.argsort(-logp[t])[:2]
-        assert list(top.values()) == pytest.approx(logp[t][best].tolist(), abs=2e-4)
-        assert list(top) == [tokenizer.decode([int(i)]) for i in best]
+        assert list(top.values())[:2] == pytest.approx(logp[t][best].tolist(), abs=2e-4)
+        assert list(top)[:2] == [tokenizer.decode([int(i)]) for i in best]
+        assert len(top) == 2 + (lp.tokens[t + 1] not in list(top)[:2])  # then the token
+
+
+def test_top_logprobs_always_hold_the_token_itself(client):
+    """OpenAI: "The API will always return the logprob of the sampled token, so there may be
+    up to logprobs+1 elements" (vLLM too); a sampled token outside the likeliest k was
+    missing, so top_logprobs[i][tokens[i]] raised KeyError (logprobs=0 gave {} everywhere)."""
+    for k, echo in ((0, False), (1, False), (1, True)):
+        [c] = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, echo=echo,
+                                        temperature=2.0, seed=5, logprobs=k).choices
+        lp = c.logprobs
+        first = 1 if echo else 0  # the text's first token has no log-probability
+        for token, value, top in list(zip(lp.tokens, lp.token_logprobs,
+                                          lp.top_logprobs))[first:]:
+            assert top[token] == pytest.approx(value, abs=1e-6)
+            assert k <= len(top) <= k + 1
 
 
 def test_logprobs_of_generated_tokens(workdir, client):

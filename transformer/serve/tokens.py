@@ -90,7 +90,10 @@ class TokenNames:
 
 def logprobs(names: TokenNames, text_ids, first: int, lp) -> dict:
     """OpenAI's logprobs object for text_ids[first:] (`lp`: inside.token_logprobs of all of
-    text_ids); the very first token of a text has no log-probability."""
+    text_ids); the very first token of a text has no log-probability. Each top_logprobs entry
+    is the likeliest alternatives, then the token itself where it is not among them: OpenAI
+    "will always return the logprob of the sampled token, so there may be up to logprobs+1
+    elements" (vLLM too)."""
     tokens, token_lp, top_lp = [], [], []
     for t in range(first, len(text_ids)):
         tokens.append(names(text_ids[t]))
@@ -99,6 +102,10 @@ def logprobs(names: TokenNames, text_ids, first: int, lp) -> dict:
             top_lp.append(None)
             continue
         token_lp.append(float(lp.chosen_T[t - 1]))
-        top_lp.append(names.top(lp.top_ids_TK[t - 1], lp.top_lp_TK[t - 1]))
+        ids_K, values_K = list(lp.top_ids_TK[t - 1]), list(lp.top_lp_TK[t - 1])
+        if int(text_ids[t]) not in map(int, ids_K):
+            ids_K.append(text_ids[t])
+            values_K.append(lp.chosen_T[t - 1])
+        top_lp.append(names.top(ids_K, values_K))
     return {"tokens": tokens, "token_logprobs": token_lp, "top_logprobs": top_lp,
             "text_offset": names.offsets(text_ids[first:])}
