@@ -57,6 +57,17 @@ def test_a_chat_reply_is_the_completion_of_the_plain_template(client, knobs):
         assert len({c.message.content for c in choices}) > 1
 
 
+def test_a_chat_without_a_limit_is_not_cut_at_sixteen_tokens(client):
+    """OpenAI's chat has no default max_completion_tokens (16 is the legacy completions'
+    default); a client that sets none got 16 tokens and finish_reason "length"."""
+    whole = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0.0,
+                                           max_tokens=48)  # the server's --max_tokens
+    assert whole.usage.completion_tokens > 16  # else this test would show nothing
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0.0)
+    assert reply.choices[0].message.content == whole.choices[0].message.content
+    assert reply.usage == whole.usage
+
+
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_streamed_deltas_join_to_the_reply_and_usage_comes_last_when_asked(client,
                                                                            include_usage):

@@ -4,7 +4,8 @@ through a chat template, and the reply is that prompt's completion.
     POST /v1/chat/completions
       messages     [{"role": "system" | "developer" | "user" | "assistant", "content": ...}],
                    content a string or a list of {"type": "text", "text": ...} parts
-      max_completion_tokens (or max_tokens), temperature, top_p, top_k, seed, stop, n,
+      max_completion_tokens (or max_tokens; default: the server's --max_tokens, as OpenAI's
+      chat has no default limit), temperature, top_p, top_k, seed, stop, n,
       stream (chunks with a `delta`), stream_options.include_usage: as in completions
 
 The template: a Hugging Face folder (`serve --hf`) whose tokenizer_config.json has a
@@ -146,7 +147,9 @@ def parse_chat(body, max_tokens_limit: int, template: ChatTemplate):
     messages = _messages(body)
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
-    sampling = api._sampling(body, max_tokens_limit, field)
+    # OpenAI's chat has no default limit (16 is the legacy completions' default): a reply
+    # runs to its end, a stop, or the most this server gives one choice.
+    sampling = api._sampling(body, max_tokens_limit, field, max_tokens_limit)
     if sampling["max_tokens"] == 0:
         raise ApiError(f"{field}=0 asks for nothing: give {field} >= 1", field)
     try:
