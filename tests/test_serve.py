@@ -254,6 +254,14 @@ def test_a_top_k_past_int32_is_refused_and_the_server_keeps_answering(client):
     assert c.finish_reason in ("length", "stop")
 
 
+def test_the_default_max_tokens_is_within_the_servers_limit():
+    """A server started with --max_tokens=8 gave a completion that named no max_tokens 16
+    tokens (OpenAI's default), past the most one choice may have."""
+    from transformer.serve import api
+    assert api.parse_completion({"prompt": PROMPT}, max_tokens_limit=8).max_tokens == 8
+    assert api.parse_completion({"prompt": PROMPT}, max_tokens_limit=512).max_tokens == 16
+
+
 def test_malformed_bodies_and_an_unknown_model(server, client):
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10,
                    headers={"Content-Type": "application/json"})

@@ -167,8 +167,9 @@ def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens",
     """The fields completions and chat share, checked."""
     seed = body.get("seed")
     return dict(
-        max_tokens=_number(body, max_tokens_field, max_tokens_default, int, 0,
-                           max_tokens_limit),
+        # a server started with --max_tokens under 16 caps the default too
+        max_tokens=_number(body, max_tokens_field, min(max_tokens_default, max_tokens_limit),
+                           int, 0, max_tokens_limit),
         temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
         # top_k past the vocabulary keeps every token; past int32 it cannot reach the device
