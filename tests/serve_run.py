@@ -67,12 +67,14 @@ def char_run(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def server(workdir, *flags, name="tiny", max_tokens=64, start_timeout=240):
-    """A `python -m transformer serve` process; yields its base URL and the process."""
+def server(workdir, *flags, name="tiny", max_tokens=64, start_timeout=240, hf=False):
+    """A `python -m transformer serve` process (of a Hugging Face folder with `hf`); yields
+    its base URL and the process."""
     port = free_port()
     # A child of the fork server (tests/conftest.py's ForkedProcess: no new Python start-up),
     # at a pid of its own; its output is read if it fails to start.
-    proc = fork_popen(["-m", "transformer", "serve", f"--workdir={workdir}", f"--port={port}",
+    source = f"--hf={workdir}" if hf else f"--workdir={workdir}"
+    proc = fork_popen(["-m", "transformer", "serve", source, f"--port={port}",
                        f"--max_tokens={max_tokens}", f"--name={name}", *flags],
                       cwd=ROOT, env=env_with(), stderr_to_stdout=True)
     base = f"http://127.0.0.1:{port}"

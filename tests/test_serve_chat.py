@@ -16,6 +16,7 @@ import json
 import pytest
 
 from tests.serve_run import CONTEXT, byte_run, server
+from tests.test_resume import run
 
 openai = pytest.importorskip("openai")
 
@@ -183,3 +184,33 @@ def test_a_folders_chat_template_is_rendered_sandboxed(tmp_path):
     evil = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(Exception):
         evil.render(MESSAGES)
+
+
+def test_a_folders_template_writes_its_special_tokens_as_tokens(tmp_path_factory):
+    """A folder's chat template writes its model's special tokens (bos_token, <|im_start|>,
+    here eos_token after each turn); they were encoded as their spelling (<|endoftext|> as 13
+    byte tokens), so the model never saw the turns it was trained on. The prompt is now the
+    ids transformers' apply_chat_template gives, and the reply their completion."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("chat") / "hf"
+    out = run(["-m", "transformer", "export", f"--workdir={byte_run(tmp_path_factory)}",
+               f"--out={folder}"])
+    assert out.returncode == 0, out.stderr
+    spec = json.loads((folder / "tokenizer_config.json").read_text())
+    spec["chat_template"] = ("{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                             "{{ eos_token }}{% endfor %}"
+                             "{% if add_generation_prompt %}assistant:{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(spec))
+    ids = AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert ids.count(256) == len(MESSAGES)  # the end-of-text token, once per turn
+    with server(folder, max_tokens=16, hf=True) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(model="tiny", messages=MESSAGES,
+                                               temperature=0.0, max_tokens=16)
+        plain = client.completions.create(model="tiny", prompt=ids, temperature=0.0,
+                                          max_tokens=16)
+    assert reply.usage.prompt_tokens == len(ids)
+    assert reply.choices[0].message.content == plain.choices[0].text

@@ -87,13 +87,20 @@ class Admission:
             self.count -= 1
 
 
-def tokenize(engine, prompts, param: str = "prompt") -> list[list[int]]:
-    """Each prompt's token ids; one longer than the model's context is refused (OpenAI's
+def tokenize(engine, prompts, param: str = "prompt", encode=None) -> list[list[int]]:
+    """Each prompt's token ids (`encode(text)`: a chat template's encoding of a rendered
+    prompt); one longer than the model's context is refused (OpenAI's
     `context_length_exceeded`) rather than cut. Runs off the event loop."""
     S = engine.config.max_seq_len
     out = []
     for i, prompt in enumerate(prompts):
-        ids = engine.encode(prompt, cut=False)
+        if encode is None:
+            ids = engine.encode(prompt, cut=False)
+        else:
+            try:
+                ids = encode(prompt)
+            except ValueError as e:  # the tokenizer's TokenizerError
+                raise ApiError(str(e), param) from e
         if len(ids) > S:
             which = f"prompt {i}" if len(prompts) > 1 else "the prompt"
             raise ApiError(f"This model's maximum context length is {S} tokens; {which} has "
@@ -230,7 +237,8 @@ def create_app(engine, model: str, step=None, *, template: chat.ChatTemplate | N
         async def handle(handed):
             def parse(body):
                 req, _ = chat.parse_chat(body, engine.max_tokens, template)
-                return req, tokenize(engine, req.prompts, "messages")
+                return req, tokenize(engine, req.prompts, "messages",
+                                     lambda text: template.encode(engine.tokenizer, text))
 
             req, prompts_ids = await read_json(request, parse)
             cid = api.completion_id("chatcmpl")

@@ -24,7 +24,9 @@ With the plain template a reply also ends where the model starts another turn's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -52,6 +54,36 @@ class ChatTemplate:
             return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return _jinja(self.jinja).render(messages=messages, add_generation_prompt=True,
                                          bos_token=self.bos_token, eos_token=self.eos_token)
+
+    def encode(self, tokenizer, prompt: str) -> list[int]:
+        """A rendered prompt's token ids. The plain template's are its text's; a folder's
+        template writes its model's special tokens (bos_token, <|im_start|>, ...), which are
+        those tokens, as transformers' apply_chat_template encodes them, not their spelling
+        as text. Raises the tokenizer's TokenizerError (a ValueError)."""
+        return tokenizer.encode(prompt) if self.jinja is None else \
+            encode_with_specials(tokenizer, prompt)
+
+
+@functools.lru_cache(maxsize=8)
+def _specials(tokenizer) -> dict[str, int]:
+    """The tokenizer's special tokens, text -> id (ours: <|endoftext|>)."""
+    hf = tokenizer.hf_tokenizer()
+    return {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+
+
+def encode_with_specials(tokenizer, text: str) -> list[int]:
+    """`text`'s ids with each special token's text as that token and the text between them
+    encoded as text (what a Hugging Face tokenizer does with its added tokens)."""
+    specials = _specials(tokenizer)
+    if not specials:
+        return tokenizer.encode(text)
+    ids, at = [], 0
+    for match in re.finditer("|".join(map(re.escape, sorted(specials, key=len, reverse=True))),
+                             text):
+        ids += tokenizer.encode(text[at:match.start()]) if match.start() > at else []
+        ids.append(specials[match.group()])
+        at = match.end()
+    return ids + (tokenizer.encode(text[at:]) if at < len(text) else [])
 
 
 def _jinja(source: str):
