@@ -262,6 +262,35 @@ def test_the_default_max_tokens_is_within_the_servers_limit():
     assert api.parse_completion({"prompt": PROMPT}, max_tokens_limit=512).max_tokens == 16
 
 
+def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
+    """serve --hf of a folder whose end token is not <|endoftext|> (Llama's and Mistral's
+    </s>, Qwen's <|im_end|>): the tokenizer knew no end token, so no choice ever ended at
+    it; each ran to max_tokens with text from past the end (finish_reason "length")."""
+    import json
+
+    from transformer.data.tokenizers import BPETokenizer
+    from transformer.hf import load
+    from transformer.serve.__main__ import ending_at
+    from transformer.serve.engine import _Row
+    from transformer.serve.tokens import TokenNames
+
+    hf = BPETokenizer.train("the quick brown fox jumps over the lazy dog\n" * 20,
+                            280).hf_tokenizer()
+    hf.add_special_tokens(["<s>", "</s>"])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    end = hf.token_to_id("</s>")
+    for spec, config in (({"eos_token": "</s>"}, {"eos_token_id": 0}),  # the named token
+                         ({"eos_token": {"content": "</s>"}}, {}),
+                         ({}, {"eos_token_id": [end, 0]})):  # config.json's, the first
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(spec))
+        tokenizer = ending_at(load.tokenizer(tmp_path), tmp_path, config)
+        assert tokenizer.eot == end
+        row = _Row(tokenizer, ())
+        text = row.push_many(tokenizer.encode("the fox") + [end] + tokenizer.encode(" dog"))
+        assert row.stopped and text + row.finish() == "the fox"
+        assert TokenNames(tokenizer)(end) == "</s>"
+
+
 def test_malformed_bodies_and_an_unknown_model(server, client):
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", timeout=10,
                    headers={"Content-Type": "application/json"})

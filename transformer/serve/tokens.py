@@ -59,8 +59,8 @@ class TokenNames:
         token_id = int(token_id)
         raw = self._bytes(token_id)
         if raw is None:
-            if token_id == self.eot:
-                return EOT
+            if token_id == self.eot and getattr(self.tokenizer, "kind", None) != "bpe":
+                return EOT  # a BPE's end token has its own name (a folder's </s>)
             hf = getattr(self.tokenizer, "hf_tokenizer", None)
             name = hf().id_to_token(token_id) if hf is not None else None
             return name or f"token_id:{token_id}"
