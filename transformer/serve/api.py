@@ -4,7 +4,8 @@
     POST /v1/completions
       model        the served model's id (GET /v1/models); may be left out
       prompt       a string, a list of strings, a list of token ids, or a list of such lists
-      max_tokens   new tokens per choice (default 16; 0 with echo scores the prompt only)
+      max_tokens   new tokens per choice (default 16, or the server's --max_tokens if less;
+                   0 with echo scores the prompt only)
       temperature  0 .. 2 (default 1; 0 is greedy)      top_p   (0, 1] (default 1)
       top_k        an extension: keep the k likeliest tokens (default 0: all)
       seed         the same seed, prompt and knobs give the same text as sample.py
