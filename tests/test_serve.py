@@ -241,6 +241,18 @@ def test_nan_knobs_are_refused(server, field):
     assert r.status_code == 400 and r.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize("field", ["stream", "echo"])
+def test_null_flags_mean_their_default(server, field):
+    """OpenAI types stream and echo "boolean or null"; a client that writes out every field
+    sends null, which got 400 "must be true or false" (null already meant the default for
+    every other field)."""
+    r = httpx.post(f"{server}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, field: None})
+    assert r.status_code == 200, r.text
+    [c] = r.json()["choices"]
+    assert not c["text"].startswith(PROMPT) and r.json()["usage"]["completion_tokens"] == 4
+
+
 def test_a_top_k_past_int32_is_refused_and_the_server_keeps_answering(client):
     """top_k=10**12 passed the checks, then overflowed the device thread's int32 knobs: the
     thread died, and this and every later request waited forever while /health said ok."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from tests.serve_run import CONTEXT, byte_run, server
@@ -56,6 +57,15 @@ def test_a_chat_reply_is_the_completion_of_the_plain_template(client, knobs):
     assert reply.usage.completion_tokens == plain.usage.completion_tokens > 0
     if knobs["n"] > 1:
         assert len({c.message.content for c in choices}) > 1
+
+
+@pytest.mark.parametrize("field", ["stream", "logprobs"])
+def test_null_flags_mean_their_default(base, field):
+    """OpenAI types chat's stream and logprobs "boolean or null"; null got 400."""
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 4, field: None})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
 
 
 def test_a_chat_without_a_limit_is_not_cut_at_sixteen_tokens(client):

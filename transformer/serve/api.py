@@ -138,8 +138,9 @@ def _refuse_unsupported(body, names) -> None:
 
 
 def _flags(body, names) -> None:
+    """true or false; null is the default (OpenAI types them "boolean or null")."""
     for name in names:
-        if not isinstance(body.get(name, False), bool):
+        if body.get(name) is not None and not isinstance(body[name], bool):
             raise ApiError(f"{name}={body[name]!r}: must be true or false", name)
 
 
@@ -179,7 +180,7 @@ def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens",
         else secrets.randbelow(2**31),
         stop=_stops(body),
         n=_number(body, "n", 1, int, 1, MAX_N),
-        stream=body.get("stream", False),
+        stream=bool(body.get("stream")),
         include_usage=_include_usage(body))
 
 
@@ -200,7 +201,7 @@ def parse_completion(body, max_tokens_limit: int) -> CompletionRequest:
     request = CompletionRequest(
         prompts=_prompts(body), **_sampling(body, max_tokens_limit),
         logprobs=_number(body, "logprobs", None, int, 0, MAX_LOGPROBS),
-        echo=body.get("echo", False))
+        echo=bool(body.get("echo")))
     _check_choices(request)
     if request.max_tokens == 0 and not request.echo:
         raise ApiError("max_tokens=0 asks for nothing: give max_tokens >= 1, or echo=true to "
