@@ -274,6 +274,26 @@ def test_the_default_max_tokens_is_within_the_servers_limit():
     assert api.parse_completion({"prompt": PROMPT}, max_tokens_limit=512).max_tokens == 16
 
 
+def test_a_padded_vocabularys_padding_ids_are_not_prompt_tokens():
+    """A run with model.vocab_multiple (257 byte tokens padded to 320) took ids 257..319 in a
+    prompt: text from embedding rows no text trained, and with logprobs an HTTP 500 (their
+    log-probability is -inf, which JSON cannot carry). They are outside the vocabulary."""
+    from types import SimpleNamespace
+
+    from transformer.data.tokenizers import ByteTokenizer
+    from transformer.serve.api import ApiError
+    from transformer.serve.engine import Engine
+
+    engine = SimpleNamespace(  # what Engine.encode reads
+        config=SimpleNamespace(vocab_size=320, vocab_used=257, max_seq_len=64),
+        tokenizer=ByteTokenizer(eot=True), log=print)
+    assert Engine.encode(engine, [104, 256], cut=False) == [104, 256]  # a byte, the end
+    for ids in ([104, 300], [257], [319]):
+        with pytest.raises(ApiError) as caught:
+            Engine.encode(engine, ids, cut=False)
+        assert caught.value.param == "prompt" and "[0, 257)" in caught.value.message
+
+
 def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
     """serve --hf of a folder whose end token is not <|endoftext|> (Llama's and Mistral's
     </s>, Qwen's <|im_end|>): the tokenizer knew no end token, so no choice ever ended at

@@ -281,10 +281,14 @@ class Engine:
                 return self.tokenizer.encode(prompt)
             except ValueError as e:  # the tokenizer's TokenizerError
                 raise ApiError(str(e), "prompt") from e
-        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        # The tokens are the tokenizer's: a padded vocabulary's ids past them (vocab_used, a
+        # folder's embedding rounded up) are rows that no text ever trained.
+        V = min(self.config.vocab_used or self.config.vocab_size,
+                getattr(self.tokenizer, "vocab_size", self.config.vocab_size))
+        bad = [t for t in prompt if not 0 <= t < V]
         if bad:
             raise ApiError(f"prompt holds token id {bad[0]}, outside the vocabulary "
-                           f"[0, {self.config.vocab_size})", "prompt")
+                           f"[0, {V})", "prompt")
         return list(prompt)[-self.config.max_seq_len:] if cut else list(prompt)
 
     def prompt_text(self, prompt) -> str:
