@@ -307,3 +307,40 @@ def test_rows_admitted_together_are_prefilled_in_one_call_with_their_tokens_alon
     assert counter.count == 0
     assert max(prefills) > 1  # several rows prefilled in one call
     assert got == _rows_alone(variant)
+
+
+def test_a_failing_device_step_fails_its_requests_and_the_engine_goes_on(monkeypatch):
+    """A device step that raises (a planted failure of one chunk) ends the requests it was
+    running with that error, and the next request gets the text it got before: the device
+    thread used to die there, and every later request waited forever."""
+    from transformer.data.tokenizers import ByteTokenizer
+    from transformer.serve import api
+    from transformer.serve.engine import Engine
+
+    config = _config("reprefill")
+    engine = Engine(config, init_params(config, jax.random.key(1)), ByteTokenizer(),
+                    max_tokens=32, max_batch=2, log=lambda line: None)
+    prompt = [5, 6, 7]
+    request = api.parse_completion({"prompt": [prompt], "max_tokens": 12, "temperature": 0,
+                                    "n": 2, "seed": 0}, 32)
+
+    def ask():
+        job = engine.submit(lambda job: engine.complete(job, request, [prompt]))
+        return [c.text for c in job.future.result(timeout=120)]
+
+    before = ask()
+    real, planted = engine.slots.run_chunk, []
+
+    def fails_once():
+        if not planted:
+            planted.append(True)
+            raise RuntimeError("planted device failure")
+        return real()
+
+    monkeypatch.setattr(engine.slots, "run_chunk", fails_once)
+    with pytest.raises(RuntimeError, match="planted device failure"):
+        ask()
+    assert engine.stats["device_errors"] == 1
+    assert ask() == before
+    assert engine.device.is_alive()
+    engine.close()

@@ -135,6 +135,7 @@ class _Seq:
     emit: object
     made: int = 0          # tokens the device made for it
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: BaseException | None = None  # the device step that failed under it, if one did
 
 
 class Engine:
@@ -147,7 +148,7 @@ class Engine:
         self.jobs: queue.Queue = queue.Queue()
         # What /health reports: requests run, the ones stopped or dropped because their
         # client left, and the tokens generated (all choices).
-        self.stats = {"jobs": 0, "cancelled": 0, "tokens": 0}
+        self.stats = {"jobs": 0, "cancelled": 0, "tokens": 0, "device_errors": 0}
         self.waiting: collections.deque = collections.deque()  # rows without a slot yet
         self.busy: dict[int, _Seq] = {}  # slot -> its row
         self.wake = threading.Condition()
@@ -215,14 +216,38 @@ class Engine:
                     if not self.waiting:
                         break
                     admit.append((b, self.waiting.popleft()))
-            if admit:
-                self._admit(admit)
-            self._release_ended()  # before the chunk: a row may end on its first token
-            if self.busy and self.slots.live.any():
-                tokens_BK, made_B = self.slots.run_chunk()
-                for b, seq in list(self.busy.items()):
-                    self._deliver(seq, tokens_BK[b, :made_B[b]])
-                self._release_ended()
+            try:
+                self._step(admit)
+            except Exception as e:  # noqa: BLE001 - the thread must outlive any one request
+                self._fail(admit, e)
+
+    def _step(self, admit) -> None:
+        """New rows in, then one chunk of tokens for every live row."""
+        if admit:
+            self._admit(admit)
+        self._release_ended()  # before the chunk: a row may end on its first token
+        if self.busy and self.slots.live.any():
+            tokens_BK, made_B = self.slots.run_chunk()
+            for b, seq in list(self.busy.items()):
+                self._deliver(seq, tokens_BK[b, :made_B[b]])
+            self._release_ended()
+
+    def _fail(self, admit, error: Exception) -> None:
+        """A device step raised: every row it held (admitted now or in a slot) ends with the
+        error, which its request answers as a 500; the slots are freed and the cache made anew
+        (a failed call may have consumed the donated one); rows still waiting run as usual.
+        Without this the thread died, and every request after it waited forever while /health
+        still said ok."""
+        self.stats["device_errors"] += 1
+        self.log(f"serve: a device step failed ({type(error).__name__}: {error}); "
+                 "its rows end with an error, the server goes on")
+        for seq in {id(s): s for s in [s for _, s in admit] + list(self.busy.values())}.values():
+            seq.error = error
+            seq.done.set()
+        for b in range(self.slots.B):
+            self.slots.release(b)
+        self.busy.clear()
+        self.slots.cache = decode.new_cache(config=self.slots.config, batch=self.slots.B)
 
     def _drop_cancelled(self) -> None:
         """Waiting rows whose client left never reach the device."""
@@ -322,6 +347,10 @@ class Engine:
             job.released.set()
             for seq in seqs:
                 seq.done.wait()
+            failed = next((seq.error for seq in seqs if seq.error is not None), None)
+            if failed is not None:
+                raise RuntimeError(f"the device step running this request failed: "
+                                   f"{type(failed).__name__}: {failed}") from failed
             if job.cancelled.is_set() and not job.on_device:
                 raise _Cancelled  # its client left before any of its rows ran
         job.released.set()
