@@ -221,6 +221,37 @@ def test_export_cli_refuses_unsupported_variant_writing_nothing(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+def test_export_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(tmp_path):
+    """As sample.py does: a damaged newest checkpoint (here its meta, which export reads
+    first to refuse an unsupported model) is skipped with a warning, never a traceback;
+    asked for by --step, it is one error line and nothing is written."""
+    import transformers
+    config = run_config()
+    mc = ModelConfig.from_config(config)
+    params = {1: random_params(mc, seed=1), 2: random_params(mc, seed=2)}
+    ckpts = checkpoint.Checkpoints(tmp_path / "run")
+    for step in (1, 2):
+        ckpts.save(step, params[step], {"step": jnp.int32(step)},
+                   {"config": config_lib.to_dict(config),
+                    "tokenizer": tokenizers.ByteTokenizer().to_json(), "step": step})
+    ckpts.wait()
+    ckpts.close()
+    (checkpoint.directory(tmp_path / "run") / "2" / "meta" / "metadata").write_text("{cut")
+    result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
+                     f"--out={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint 2" in result.stderr and "Traceback" not in result.stderr
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    x = tokens(mc)
+    np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params[1], x), atol=TOL,
+                               rtol=0)
+    result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
+                     f"--out={tmp_path / 'hf2'}", "--step=2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "step 2" in result.stderr
+    assert not (tmp_path / "hf2").exists()
+
+
 @pytest.mark.parametrize("field, value", [("norm", "rmsnorm"), ("mlp", "swiglu"),
                                           ("n_kv_heads", 2), ("sliding_window", 16),
                                           ("mlp", "relu2"), ("logit_softcap", 15.0),

@@ -327,10 +327,17 @@ def load_run(workdir, step=None, check=None) -> LoadedRun:
     try:
         steps = ckpts.all_steps()
         if check is not None and steps and (step is None or step in steps):
-            check(model_config_of(ckpts.read_meta(step)))
+            try:
+                early = model_config_of(ckpts.read_meta(step))
+            except Exception:  # noqa: BLE001 -- damaged: restore_good says so, or falls back
+                early = None
+            if early is not None:
+                check(early)
         found = ckpts.restore_good(abstract, step=step)
     finally:
         ckpts.close()
+    if check is not None:  # the step restored (an older one, when the newest was damaged)
+        check(model_config_of(found.meta))
     # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
     config, _ = auto.resolve(config_lib.from_dict(found.meta["config"]))
     return LoadedRun(found.step, config, ModelConfig.from_config(config), found.params,
