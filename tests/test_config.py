@@ -44,6 +44,7 @@ def test_a_saved_config_round_trips():
     ("sample", "top_p", 0.0, "sample.top_p"),
     ("sample", "temperature", -0.5, "sample.temperature"),
     ("sample", "max_new_tokens", 0, "sample.max_new_tokens"),
+    ("sample", "prompt", "", "sample.prompt='': must not be empty"),
 ])
 def test_invalid_values_name_the_field(section, field, value, match):
     c = base_config()
