@@ -162,6 +162,25 @@ def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
     assert theirs.decode(tok.encode(sample)) == sample
 
 
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_exported_tokenizer_reads_the_end_of_text_spelled_in_text_as_text(kind, tmp_path):
+    """Ours never parses <|endoftext|> from text (each document's end is placed): the
+    exported tokenizer encodes those 13 characters as ours does, not as the end token."""
+    import transformers
+    text = "def f(x):\n    return x  # <|endoftext|> héllo\n" * 20
+    tok = {"byte": lambda: tokenizers.ByteTokenizer(eot=True),
+           "char": lambda: tokenizers.CharTokenizer.from_text(text, eot=True),
+           "bpe": lambda: tokenizers.BPETokenizer.train(text, 300, eot=True)}[kind]()
+    assert tok.eot is not None
+    mc = model_config(vocab_size=max(257, tok.vocab_size))
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    sample = "x<|endoftext|>return f(x)\n"
+    assert tok.eot not in tok.encode(sample)
+    assert theirs.encode(sample) == tok.encode(sample)
+    assert theirs.eos_token_id == tok.eot  # still generate's end
+
+
 def test_an_exported_end_of_text_token_ends_hf_generation_where_ours_ends(tmp_path):
     """A model trained with end-of-text tokens exports them as eos: transformers' generate
     stops at the same token our sampler stops at, and its tokenizer names it."""

@@ -55,9 +55,11 @@ def write_folder(model_config: ModelConfig, params, tokenizer, out) -> Path:
     config_json = hf.hf_config(model_config)  # refuses an unsupported variant
     tensors = hf_weights.to_hf(model_config, unstack_layers(params, model_config.n_layers))
     tok_json = tokenizer_json(tokenizer)
+    # split_special_tokens: text spelling <|endoftext|> is text, as ours reads it (each
+    # document's end token is placed, never parsed); eos_token_id still names the token.
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
                   "model_max_length": model_config.max_seq_len,
-                  "clean_up_tokenization_spaces": False}
+                  "clean_up_tokenization_spaces": False, "split_special_tokens": True}
     eot = getattr(tokenizer, "eot", None)
     if eot is not None:  # generate() then ends a sample where sample.py does
         config_json["eos_token_id"] = eot
