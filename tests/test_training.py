@@ -69,6 +69,32 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path):
+    """A run resumed with another batch size (--allow_change=train.batch_size): every
+    metrics line's `tokens` is the tokens trained so far, the earlier steps at their own
+    batch, and the plot's token axis reads them."""
+    from transformer.scaling import plot
+    from transformer.train.metrics import MetricsLog
+    T = 32
+    config = _config("random", 20)
+    config.train.update(log_every=10, eval_every=10, ckpt_every=10)
+    _train(config, tmp_path, stop_at=10)  # batch 16
+    config.train.batch_size = 4
+    run.train(config, tmp_path, progress=False, log=lambda s: None,
+              allow_change=["train.batch_size"])
+    expected = {10: 10 * 16 * T, 20: 10 * 16 * T + 10 * 4 * T}
+    lines = MetricsLog(tmp_path).read()
+    assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
+    config.train.steps = 30  # and again from the checkpoint at 20, which must say its count
+    run.train(config, tmp_path, progress=False, log=lambda s: None,
+              allow_change=["train.batch_size", "train.steps"])
+    expected[30] = expected[20] + 10 * 4 * T
+    lines = MetricsLog(tmp_path).read()
+    assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
+    steps, tokens, _ = plot.read_curves(tmp_path)["val"]
+    assert list(tokens) == [expected[int(s)] for s in steps]
+
+
 def test_every_evaluation_reports_bits_per_byte_of_the_held_out_text(tmp_path):
     """Byte tokens plus one end-of-text token per document: val_bpb is nats / ln 2 times the
     validation tokens per byte, counted here from the shards themselves."""

@@ -42,14 +42,20 @@ def read_curves(workdir, metric: str = "loss") -> dict:
     metric "val_bpb" has no train curve (train lines carry nats per token only): its train
     arrays are empty."""
     rows = MetricsLog(workdir).read()
-    tokens_per_step = _tokens_per_step(rows, workdir)
+    # Each line's own count (a run resumed with another batch size is not steps x one batch).
+    tokens_at = {r["step"]: r["tokens"] for r in rows if "step" in r and r.get("tokens")}
+    tokens_per_step = None
     out = {}
     for split, key in zip(("train", "val"), METRICS[metric][0]):
         # A resumed run may log a step twice; keep the last value of each step.
         by_step = {r["step"]: r[key] for r in rows if key and key in r}
         steps = np.array(sorted(by_step), dtype=float)
         losses = np.array([by_step[s] for s in sorted(by_step)], dtype=float)
-        tokens = steps * tokens_per_step if tokens_per_step else None
+        if all(s in tokens_at for s in by_step):
+            tokens = np.array([tokens_at[s] for s in sorted(by_step)], dtype=float)
+        else:  # runs logged before metrics carried tokens
+            tokens_per_step = tokens_per_step or _tokens_per_step(rows, workdir)
+            tokens = steps * tokens_per_step if tokens_per_step else None
         out[split] = (steps, tokens, losses)
     return out
 

@@ -39,15 +39,22 @@ class Reporter:
     values, `flush` reads and writes them (the only host sync of a logging interval)."""
 
     def __init__(self, trainer: Trainer, metrics_log: MetricsLog, bar: Progress,
-                 guard: NonFiniteGuard):
+                 guard: NonFiniteGuard, start: int = 0, tokens_before: int = 0):
         config = trainer.config
         self.log, self.bar, self.guard = metrics_log, bar, guard
         self.tokens_per_step = config.train.batch_size * config.model.max_seq_len
+        # Tokens trained through step `start`: a run resumed with another batch size
+        # (--allow_change=train.batch_size) trained its earlier steps at their own size.
+        self.start, self.tokens_before = start, tokens_before
         self.flops_per_token = flops.train_flops_per_token(trainer.model_config)
         self.peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
         self.schedule = optimizer.learning_rate(config.train)
         self.meter, self.tokens_since, self.pending = Throughput(), 0, None
         self.schedule = optimizer.learning_rate(config.train)
+
+    def tokens_at(self, done: int) -> int:
+        """Tokens trained through step `done` (of this invocation's steps or `start`)."""
+        return self.tokens_before + (done - self.start) * self.tokens_per_step
 
     def stepped(self) -> None:
         self.tokens_since += self.tokens_per_step
@@ -68,7 +75,7 @@ class Reporter:
         # The rate this step applied: the schedule at the step (step `done` is update
         # done - 1, skipped steps included: step.schedule_at), or 0 when it was skipped.
         lr = 0.0 if bool(metrics["nonfinite"]) else float(self.schedule(done - 1))
-        self.log.write(step=done, tokens=done * self.tokens_per_step, train_loss=loss,
+        self.log.write(step=done, tokens=self.tokens_at(done), train_loss=loss,
                        lr=lr, grad_norm=metrics["grad_norm"], tokens_per_s=tokens_per_s, mfu=mfu,
                        skipped_steps=self.guard.skipped)
         self.bar.set_postfix(loss=loss, tok_s=round(tokens_per_s), mfu=f"{mfu:.1%}")
@@ -87,11 +94,14 @@ class Loop:
     tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
     trace: StepTrace = NO_TRACE      # train.profile's jax.profiler trace
     eval_seconds: float = 0.0        # spent evaluating so far (the end-of-run line says it)
+    tokens_before: int | None = None  # trained through the start step (None: start x batch)
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
         t = self.trainer.config.train
-        reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard)
+        tokens_per_step = t.batch_size * self.trainer.config.model.max_seq_len
+        before = start * tokens_per_step if self.tokens_before is None else self.tokens_before
+        reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard, start, before)
         vote = processes.StopVote()
         with signals.GracefulStop() as stop, _closing(self.trace):
             for step in range(start, end):
@@ -131,7 +141,7 @@ class Loop:
                                     t.final_eval_batches if final else t.eval_batches)
             self.eval_seconds += time.perf_counter() - began
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
-            self.metrics_log.write(step=done, tokens=done * reporter.tokens_per_step,
+            self.metrics_log.write(step=done, tokens=reporter.tokens_at(done),
                                    val_loss=val_loss, val_bpb=val_bpb)
             self.bar.write(f"step {done}: val_loss {val_loss:.4f}, val_bpb {val_bpb:.4f}")
         if saving:
@@ -139,7 +149,8 @@ class Loop:
             with reporter.meter.paused():
                 self.ckpts.save(done, state.params,
                                 {"step": state.step, "opt_state": state.opt_state},
-                                {**self.meta, "step": done, "skipped_steps": self.guard.skipped})
+                                {**self.meta, "step": done, "skipped_steps": self.guard.skipped,
+                                 "tokens": reporter.tokens_at(done)})
         if signum:
             self.ckpts.wait()
             raise signals.Stopped(signum, done)

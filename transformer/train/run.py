@@ -138,7 +138,8 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     guard = NonFiniteGuard(t.nonfinite, skipped)
     trace = StepTrace(t.profile, plan.workdir, log, enabled=jax.process_index() == 0)
     loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
-                data.tokens_per_byte(plan.tokenizer, plan.source), trace)
+                data.tokens_per_byte(plan.tokenizer, plan.source), trace,
+                tokens_before=start_lib.tokens_trained(plan.found))
     try:
         state = loop.run(state, first, end)
     finally:

@@ -194,6 +194,18 @@ def _check_unchanged(plan: Plan) -> None:
                                       "checkpoint there while this one started; run again")
 
 
+def tokens_trained(found: checkpoint.Restored | None) -> int:
+    """Tokens trained through a checkpoint (0 with none): saved with it, as the batch size may
+    have changed on a resume; a checkpoint saved before that counts its steps at the batch
+    of the config it was saved with."""
+    if found is None:
+        return 0
+    if "tokens" in found.meta:
+        return int(found.meta["tokens"])
+    saved = found.meta["config"]
+    return found.step * saved["train"]["batch_size"] * saved["model"]["max_seq_len"]
+
+
 def initial_state(trainer: Trainer, plan: Plan) -> tuple[TrainState, int]:
     """(state, steps skipped so far): the checkpoint's, the imported weights' or a fresh one."""
     if plan.found is None and plan.config.train.init_from:
