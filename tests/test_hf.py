@@ -181,6 +181,27 @@ def test_exported_tokenizer_reads_the_end_of_text_spelled_in_text_as_text(kind, 
     assert theirs.eos_token_id == tok.eot  # still generate's end
 
 
+def test_an_exported_bpe_adds_no_bos_its_template_would_as_ours_adds_none(tmp_path):
+    """A corpus prepared with a tokenizer.json whose post-processor adds a BOS (Llama 3's
+    does) was trained without it (docs/data.md): the export encodes as training did."""
+    import transformers
+    from tokenizers import processors
+    text = "def f(x):\n    return x  # héllo\n" * 20
+    hf_tok = tokenizers.BPETokenizer.train(text, 300, eot=True).hf_tokenizer()
+    hf_tok.add_special_tokens(["<|bos|>"])
+    bos = hf_tok.token_to_id("<|bos|>")
+    hf_tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A",
+                                                          special_tokens=[("<|bos|>", bos)])
+    tok = tokenizers.BPETokenizer(hf_tok)
+    mc = model_config(vocab_size=tok.vocab_size)
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    sample = "return f(x)  # héllo\n"
+    assert bos not in tok.encode(sample)
+    assert theirs.encode(sample) == tok.encode(sample)
+    assert theirs.decode(tok.encode(sample)) == sample
+
+
 def test_an_exported_end_of_text_token_ends_hf_generation_where_ours_ends(tmp_path):
     """A model trained with end-of-text tokens exports them as eos: transformers' generate
     stops at the same token our sampler stops at, and its tokenizer names it."""

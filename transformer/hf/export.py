@@ -32,7 +32,11 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest
 def tokenizer_json(tokenizer) -> str:
     """The tokenizer as a `tokenizers` JSON that encodes and decodes exactly as ours does."""
     if tokenizer.kind == "bpe":
-        return tokenizer.to_json()["tokenizer"]
+        # Without its post-processor, as ours encodes (tokenizers.ordinary): a BOS that a
+        # prepared tokenizer.json's template would add was never in the training data.
+        spec = json.loads(tokenizer.to_json()["tokenizer"])
+        spec["post_processor"] = None
+        return json.dumps(spec)
     # byte: byte-level BPE without merges; char: one token per character, id = its index;
     # either with <|endoftext|> after them when it has one.
     return tokenizer.hf_tokenizer().to_str()
