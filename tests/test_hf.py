@@ -292,6 +292,17 @@ def test_export_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
     assert not (tmp_path / "hf2").exists()
 
 
+def test_export_to_a_path_that_cannot_be_a_folder_is_one_line(tmp_path):
+    config = run_config()
+    save_run(tmp_path / "run", config, random_params(ModelConfig.from_config(config)))
+    (tmp_path / "file").write_text("x")
+    result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
+                     f"--out={tmp_path / 'file' / 'hf'}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "--out=" in result.stderr
+    assert "is a file" in result.stderr
+
+
 @pytest.mark.parametrize("field, value", [("norm", "rmsnorm"), ("mlp", "swiglu"),
                                           ("n_kv_heads", 2), ("sliding_window", 16),
                                           ("mlp", "relu2"), ("logit_softcap", 15.0),

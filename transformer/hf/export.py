@@ -15,6 +15,7 @@ the output folder is created: a refused export writes nothing.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from absl import flags
@@ -43,9 +44,16 @@ def tokenizer_json(tokenizer) -> str:
 
 
 def check_out(out) -> Path:
+    """`out` if the folder can be written there: it is new or empty, and the nearest part of
+    its path that exists is a folder this user may write in."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise hf.HFError(f"--out={out}: exists and is not an empty folder; choose a new one")
+    there = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not there.is_dir():
+        raise hf.HFError(f"--out={out}: {there} is a file, not a folder; choose another path")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise hf.HFError(f"--out={out}: {there} is not writable; choose another path")
     return out
 
 
@@ -68,11 +76,15 @@ def write_folder(model_config: ModelConfig, params, tokenizer, out) -> Path:
     if eot is not None:  # generate() then ends a sample where sample.py does
         config_json["eos_token_id"] = eot
         tok_config["eos_token"] = tokenizer.hf_tokenizer().id_to_token(eot)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    (out / "tokenizer.json").write_text(tok_json)
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        (out / "tokenizer.json").write_text(tok_json)
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    except OSError as e:  # a path that could not be checked beforehand, a full disk
+        raise hf.HFError(f"--out={out}: could not write the folder ({e.strerror or e}: "
+                         f"{e.filename or out})") from e
     return out
 
 
