@@ -360,6 +360,7 @@ BAD = [
     ("out exists", ["{T}/doc.txt", "--out={T}/exists"], "--overwrite"),
     ("overwrite what is not a dataset", ["{T}/doc.txt", "--out={T}/notes", "--overwrite"],
      "not a prepared dataset"),
+    ("out under a file", ["{T}/doc.txt", "--out={T}/doc.txt/o"], "doc.txt is a file"),
     ("unknown tokenizer", ["{T}/doc.txt", "--out={T}/o6", "--tokenizer=bytes"],
      "expected byte, char, bpe or a tokenizer.json"),
     ("no inputs", ["--out={T}/o7"], "INPUT"),

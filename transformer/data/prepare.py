@@ -225,6 +225,13 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
                                                or not any(out.iterdir()))):
         raise CorpusError(f"--out={out} exists and is not a prepared dataset (no manifest.json): "
                           "--overwrite replaces only those; choose another --out")
+    # The folder is written beside its final name (write's temporary folder): the place must
+    # take it, checked now rather than after all the tokenizing.
+    there = next(p for p in out.absolute().parents if p.exists())
+    if not there.is_dir() or not os.access(there, os.W_OK | os.X_OK):
+        raise CorpusError(f"--out={out}: cannot write there ({there} is "
+                          f"{'not writable' if there.is_dir() else 'a file'}); "
+                          "choose another --out")
     inputs = [str(i) for i in inputs]
     # The folder being replaced is never input (an --out inside an input folder: a second run
     # would read the first one's manifest.json and tokenizer.json as documents).
