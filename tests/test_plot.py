@@ -51,6 +51,18 @@ def test_plot_cli_refuses_a_folder_without_metrics(tmp_path):
     assert result.returncode == 2 and "no metrics.jsonl" in result.stderr
 
 
+def test_plot_cli_with_an_out_that_cannot_be_written_is_one_error_line(tmp_path):
+    from tests.conftest import fork_run
+    _fake_run(tmp_path / "a", 5.0)
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file" / "curves.png", tmp_path / "a"):
+        result = fork_run("-m", "transformer", "plot", tmp_path / "a", f"--out={out}", cwd=ROOT,
+                          timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith("error: --out=")
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_labels_name_each_run():
     assert plot.labels_for(["runs/a", "runs/b"]) == ["a", "b"]
     assert plot.labels_for(["x/run", "y/run"]) == ["x/run", "y/run"]

@@ -148,3 +148,13 @@ def test_cli_without_checkpoint_is_one_error_line(tmp_path):
     result = _run(f"--workdir={tmp_path}", f"--out={tmp_path / 'x'}")
     assert result.returncode == 2
     assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_with_an_out_that_cannot_be_a_folder_is_one_error_line(tmp_path):
+    _fake_run(tmp_path / "run")
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file", tmp_path / "file" / "images"):
+        result = _run(f"--workdir={tmp_path / 'run'}", f"--out={out}")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: --out=") and "is a file" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

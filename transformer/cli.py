@@ -47,6 +47,22 @@ def fail(message: str, status: int = 2):
     sys.exit(status)
 
 
+def cannot_write(path, folder: bool) -> str | None:
+    """Why the file (folder=False) or folder `path` could not be written, or None: checked
+    before a command's work, so that a mistyped --out costs nothing. The nearest part of the
+    path that exists must be a folder this user may write in."""
+    from pathlib import Path
+    path = Path(path).absolute()
+    if path.exists() and path.is_dir() != folder:
+        return f"{path} is {'a file' if folder else 'a folder'}"
+    there = next(p for p in (path if folder else path.parent, *path.parents) if p.exists())
+    if not there.is_dir():
+        return f"{there} is a file, not a folder"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"{there} is not writable"
+    return None
+
+
 def config_value(holder):
     """The value of a config_flags flag; a config file that fails to load is one error line."""
     try:

@@ -248,6 +248,10 @@ def main(argv=None):
               "runs (python train.py --workdir=...)", file=sys.stderr)
         sys.exit(2)
     out = args.out or default_out(args.workdirs, args.metric)
+    from transformer import cli
+    why = cli.cannot_write(out, folder=False)
+    if why:
+        cli.fail(f"--out={out}: cannot write there ({why}); choose another --out")
     print(f"wrote {plot_runs(args.workdirs, out, metric=args.metric)}")
 
 

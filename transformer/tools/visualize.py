@@ -230,6 +230,9 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     f = flags.FLAGS
+    why = cli.cannot_write(f.out, folder=True) if f.out else None
+    if why:
+        cli.fail(f"--out={f.out}: cannot write there ({why}); choose another --out")
     for path in visualize(f.workdir, f.prompt, f.out, f.step):
         print(path)
 
