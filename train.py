@@ -152,8 +152,11 @@ def main(argv):
         if flags.FLAGS["config"].present or not (Path(workdir) / "checkpoints").is_dir() \
                 or type(e).__name__ == "WorkdirError":  # in use: not a question of config
             raise
+        trained_with = _trained_with(workdir)
+        if trained_with is None:  # no checkpoint there says its config: the error as it is
+            raise
         raise config_lib.ConfigError(f"{e}; train.py without --config uses configs/default.py, "
-                                     f"and this run was trained with: {_trained_with(workdir)}"
+                                     f"and this run was trained with: {trained_with}"
                                      ) from None
     s = config.sample
     try:
@@ -170,16 +173,29 @@ def main(argv):
     trackers.append_text(workdir, int(state.step), "sample", s.prompt + text)
 
 
-def _trained_with(workdir) -> str:
-    """The command line that gives the config saved in `workdir`'s checkpoint: the file under
-    configs/ closest to it, plus an override per field that differs (free fields aside)."""
+def _trained_with(workdir) -> str | None:
+    """The command line that gives the config saved in `workdir`'s newest readable checkpoint:
+    the file under configs/ closest to it, plus an override per field that differs (free fields
+    aside). None when no checkpoint's config can be read (all damaged)."""
     import importlib.util
     import shlex
 
     from transformer import checkpoint
     from transformer.config import resume
 
-    saved = checkpoint.Checkpoints(workdir, read_only=True).read_meta()["config"]
+    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
+    saved = None
+    try:
+        for step in reversed(ckpts.all_steps()):
+            try:
+                saved = ckpts.read_meta(step)["config"]
+                break
+            except Exception:  # noqa: BLE001 -- damaged (the run's error says so): the next
+                continue
+    finally:
+        ckpts.close()
+    if saved is None:
+        return None
     best = None
     for path in sorted((_HERE / "configs").glob("*.py")):
         try:

@@ -309,3 +309,23 @@ def test_train_without_config_on_a_run_names_the_config_it_was_trained_with(base
     # The command that gives the saved config: the closest file plus the fields that differ.
     assert "--config=configs/tiny.py" in line and "--config.model.d_model=32" in line, line
     assert f"--config.train.steps={STEPS}" in line
+
+
+def test_train_without_config_on_a_run_with_damaged_checkpoints_is_one_line(baseline, tmp_path):
+    """The saved config is read from the newest checkpoint that still says it; when none
+    does, the run's own error (no readable checkpoint) is the line, never a traceback."""
+    workdir = tmp_path / "run"
+    shutil.copytree(baseline[0], workdir)
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) > 1
+    (workdir / "checkpoints" / str(steps[-1]) / "meta" / "metadata").write_text("{cut")
+    out = run(["train.py", f"--workdir={workdir}", "--no_progress"])
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = [x for x in out.stderr.strip().splitlines() if not x.startswith("warning:")]
+    assert "--config=configs/tiny.py" in line, line
+    for step in steps:
+        (workdir / "checkpoints" / str(step) / "meta" / "metadata").write_text("{cut")
+    out = run(["train.py", f"--workdir={workdir}", "--no_progress"])
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = [x for x in out.stderr.strip().splitlines() if not x.startswith("warning:")]
+    assert line.startswith("error:") and "no readable checkpoint" in line, line
