@@ -45,6 +45,10 @@ def test_a_saved_config_round_trips():
     ("sample", "temperature", -0.5, "sample.temperature"),
     ("sample", "max_new_tokens", 0, "sample.max_new_tokens"),
     ("sample", "prompt", "", "sample.prompt='': must not be empty"),
+    ("train", "lr", float("inf"), "train.lr=inf: must be a finite"),  # --config.train.lr=1e400
+    ("train", "muon_lr", float("inf"), "train.muon_lr=inf: must be a finite"),
+    ("model", "logit_softcap", float("inf"), "model.logit_softcap=inf: must be a finite"),
+    ("train", "weight_decay", float("inf"), "train.weight_decay=inf: must be a finite"),
 ])
 def test_invalid_values_name_the_field(section, field, value, match):
     c = base_config()

@@ -18,6 +18,7 @@ Resume rules (what a changed value means for a run continuing from a checkpoint)
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 FREE, FIXED, CHANGE = "free", "fixed", "change"
@@ -69,7 +70,13 @@ def _positive(v):
 
 
 def _non_negative(v):
+    if not math.isfinite(v):  # 1e400 reads as inf: a number no step survives
+        return "must be a finite number >= 0"
     return None if v >= 0 else "must be >= 0"
+
+
+def _finite_positive(v):
+    return None if v > 0 and math.isfinite(v) else "must be a finite positive number"
 
 
 def _in(lo, hi, closed_hi=False, text=None):
@@ -207,10 +214,9 @@ _TRAIN = [
        "blocks' hidden matrices, AdamW for embeddings, head, norms, biases (optimizer.py)",
        FIXED, OPTIMIZERS),
     _f("train.lr", 1e-3, "peak learning rate of AdamW (with optimizer=muon: of the parameters "
-       "AdamW trains)", CHANGE, check=lambda v: None if v > 0 else "must be positive"),
+       "AdamW trains)", CHANGE, check=_finite_positive),
     _f("train.muon_lr", 0.02, "optimizer=muon: peak learning rate of the hidden matrices "
-       "(same schedule shape as train.lr)", CHANGE,
-       check=lambda v: None if v > 0 else "must be positive"),
+       "(same schedule shape as train.lr)", CHANGE, check=_finite_positive),
     # μP's width rule (train/width_lr.py): hidden matrices at lr·w/d_model, the rest at lr.
     _f("train.lr_base_width", 0, "0: every parameter at train.lr | w: the blocks' hidden "
        "matrices at train.lr * w / d_model (muP for AdamW: lr tuned at width w transfers)",
