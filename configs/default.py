@@ -42,7 +42,8 @@ On the validation set as it ships (whole held-out documents, harder text: those 
   (-> 1.1623/1.1702; 0.1 gave 1.1675, 0.3 1.1623/1.1746, 0.4 1.1649: row 18);
 - Adam's beta1 0.9 -> 0.8 for the AdamW half (embedding, head, norms; Muon's momentum is its
   own), the same program with another constant (-> 1.1586/1.1627; 0.7 gave 1.1601, 0.85
-  1.1594: row 19).
+  1.1594: row 19); 1.1645/1.1588 on the data since pieces are never cut mid-line (its BPE
+  changed with them: docs/speedrun.md).
 Context 128 and 2,048 tokens per step: early in training the loss falls with the number of
 steps more than with the tokens in each, and a shorter context makes every token cheaper;
 the cosine schedule ends at the last step. GPT-2's block, for the Hugging Face GPT-2 tests
