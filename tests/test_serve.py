@@ -302,7 +302,6 @@ def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
 
     from transformer.data.tokenizers import BPETokenizer
     from transformer.hf import load
-    from transformer.serve.__main__ import ending_at
     from transformer.serve.engine import _Row
     from transformer.serve.tokens import TokenNames
 
@@ -315,7 +314,7 @@ def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
                          ({"eos_token": {"content": "</s>"}}, {}),
                          ({}, {"eos_token_id": [end, 0]})):  # config.json's, the first
         (tmp_path / "tokenizer_config.json").write_text(json.dumps(spec))
-        tokenizer = ending_at(load.tokenizer(tmp_path), tmp_path, config)
+        tokenizer = load.ending_at(load.tokenizer(tmp_path), tmp_path, config)
         assert tokenizer.eot == end
         row = _Row(tokenizer, ())
         text = row.push_many(tokenizer.encode("the fox") + [end] + tokenizer.encode(" dog"))

@@ -196,11 +196,15 @@ def test_a_folders_chat_template_is_rendered_sandboxed(tmp_path):
         evil.render(MESSAGES)
 
 
-def test_a_folders_template_writes_its_special_tokens_as_tokens(tmp_path_factory):
+@pytest.mark.parametrize("split", [False, True])
+def test_a_folders_template_writes_its_special_tokens_as_transformers_does(tmp_path_factory,
+                                                                            split):
     """A folder's chat template writes its model's special tokens (bos_token, <|im_start|>,
     here eos_token after each turn); they were encoded as their spelling (<|endoftext|> as 13
-    byte tokens), so the model never saw the turns it was trained on. The prompt is now the
-    ids transformers' apply_chat_template gives, and the reply their completion."""
+    byte tokens), so a Llama- or Qwen-style folder's model never saw the turns it was trained
+    on. The prompt is now the ids transformers' apply_chat_template gives on the folder, and
+    the reply their completion: the token itself where the folder keeps special tokens whole,
+    its spelling where it sets split_special_tokens (as this project's exports do)."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("chat") / "hf"
@@ -211,14 +215,18 @@ def test_a_folders_template_writes_its_special_tokens_as_tokens(tmp_path_factory
     spec["chat_template"] = ("{% for m in messages %}{{ m.role }}: {{ m.content }}"
                              "{{ eos_token }}{% endfor %}"
                              "{% if add_generation_prompt %}assistant:{% endif %}")
+    spec["split_special_tokens"] = split
     (folder / "tokenizer_config.json").write_text(json.dumps(spec))
+    # spelled out, the end token is 13 byte tokens a turn: one short turn fits the context
+    messages = [{"role": "user", "content": "fox"}] if split else MESSAGES
     ids = AutoTokenizer.from_pretrained(folder).apply_chat_template(
-        MESSAGES, add_generation_prompt=True, tokenize=True)
+        messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    assert ids.count(256) == len(MESSAGES)  # the end-of-text token, once per turn
+    # the end-of-text token once per turn, or never (its 13 characters instead)
+    assert ids.count(256) == (0 if split else len(messages))
     with server(folder, max_tokens=16, hf=True) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-        reply = client.chat.completions.create(model="tiny", messages=MESSAGES,
+        reply = client.chat.completions.create(model="tiny", messages=messages,
                                                temperature=0.0, max_tokens=16)
         plain = client.completions.create(model="tiny", prompt=ids, temperature=0.0,
                                           max_tokens=16)

@@ -119,6 +119,28 @@ def load_pretrained(path, matmul: str = "plain"):
     return model_config, params, tok
 
 
+def ending_at(tokenizer, path, config: dict):
+    """A folder's BPE tokenizer with its end-of-text token set to the folder's end of
+    sequence, so that a choice ends where the model makes it: tokenizer_config.json's
+    `eos_token` (what a chat template writes after a turn: `</s>`, `<|im_end|>`), else
+    config.json's `eos_token_id` (the first of a list). The tokenizer alone knows only
+    `<|endoftext|>`, so a Llama or Mistral folder's `</s>` ended nothing: every choice ran to
+    max_tokens, its text going on past the end (the token itself is not text)."""
+    if getattr(tokenizer, "kind", None) != "bpe":
+        return tokenizer
+    path = Path(path).expanduser()
+    spec = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
+    name = json.loads(spec.read_text()).get("eos_token") if spec.is_file() else None
+    name = name.get("content") if isinstance(name, dict) else name
+    eos = tokenizer.hf_tokenizer().token_to_id(name) if isinstance(name, str) else None
+    if eos is None:
+        eos = config.get("eos_token_id")
+        eos = (eos[0] if eos else None) if isinstance(eos, list) else eos
+    if isinstance(eos, int) and 0 <= eos < tokenizer.vocab_size:
+        tokenizer.eot = eos
+    return tokenizer
+
+
 def init_params(config):
     """Host (NumPy) parameters for `config` from `train.init_from`, in the layout training
     uses (stacked when model.scan_layers); every tensor's shape checked against the config

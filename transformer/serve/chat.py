@@ -40,10 +40,14 @@ MAX_MESSAGES = 1024
 
 @dataclasses.dataclass(frozen=True)
 class ChatTemplate:
-    """`jinja`: a Hugging Face chat template's source, or None for the plain template."""
+    """`jinja`: a Hugging Face chat template's source, or None for the plain template.
+    `split_specials`: the folder's tokenizer_config.json sets split_special_tokens (ours do:
+    text spelling <|endoftext|> is text), so transformers encodes even the special tokens its
+    template writes as their spelling, and so does the server."""
     jinja: str | None = None
     bos_token: str = ""
     eos_token: str = ""
+    split_specials: bool = False
 
     @property
     def stops(self) -> tuple:
@@ -60,8 +64,9 @@ class ChatTemplate:
         template writes its model's special tokens (bos_token, <|im_start|>, ...), which are
         those tokens, as transformers' apply_chat_template encodes them, not their spelling
         as text. Raises the tokenizer's TokenizerError (a ValueError)."""
-        return tokenizer.encode(prompt) if self.jinja is None else \
-            encode_with_specials(tokenizer, prompt)
+        if self.jinja is None or self.split_specials:
+            return tokenizer.encode(prompt)
+        return encode_with_specials(tokenizer, prompt)
 
 
 @functools.lru_cache(maxsize=8)
@@ -117,7 +122,8 @@ def template_of(folder) -> ChatTemplate:
         value = spec.get(name) or ""
         return value.get("content", "") if isinstance(value, dict) else value
 
-    return ChatTemplate(source, token("bos_token"), token("eos_token"))
+    return ChatTemplate(source, token("bos_token"), token("eos_token"),
+                        spec.get("split_special_tokens") is True)
 
 
 def _content(i: int, content) -> str:
