@@ -335,3 +335,18 @@ def test_a_long_streamed_generation_runs_in_chunks_and_makes_the_same_tokens(
     assert calls == ["_program"] + ["_continued"] * 4  # 64 + 64 + 64 + 64 + 44 tokens
     assert steps == list(range(300))
     assert chunked == whole and len(whole[0]) == 300
+
+
+def test_on_tokens_ends_rows_of_a_long_streamed_generation_at_its_token(tiny_config,
+                                                                         tiny_params,
+                                                                         monkeypatch):
+    """Past CHUNK tokens too, a row that on_tokens ends (a stop string in its text) ends at
+    that token, as in one call: no tokens made after it, no padding after the ones it has."""
+    monkeypatch.setattr(decode, "CHUNK", 16)  # the chunk is then the context, 64
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    kwargs = dict(max_new_tokens=300, temperature=1.0, seed=3)
+    whole = decode.generate(tiny_config, tiny_params, prompts, **kwargs)
+    cut = decode.generate(tiny_config, tiny_params, prompts, **kwargs,
+                          on_tokens=lambda i, tokens_B, done_B: [i >= 70, i >= 100])
+    assert cut == [whole[0][:71], whole[1][:101]]
+

@@ -554,7 +554,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
                                    put(start_B), put(key_data), *map(put, knobs))
     elif on_tokens is not None and max_new_tokens > _chunk(config):
         tokens_BN = _generate_chunks(config, params, prompt_BP, start_B, key, knobs[:4],
-                                     max_new_tokens, on_tokens)
+                                     max_new_tokens, on_tokens, ended_at)
     else:
         stream_id = next(_SINK_IDS) if on_tokens is not None else 0
         if on_tokens is not None:
@@ -582,10 +582,11 @@ def _chunk(config: ModelConfig) -> int:
 
 
 def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs,
-                     max_new_tokens: int, on_tokens):
+                     max_new_tokens: int, on_tokens, ended_at: dict):
     """`generate`'s streamed loop for a long request: chunk after chunk until max_new_tokens
     or every row has ended. The same tokens as one call (the same steps and keys). Ctrl-C
-    raises KeyboardInterrupt after the chunk under way (its tokens streamed).
+    raises KeyboardInterrupt after the chunk under way (its tokens streamed). Fills
+    `ended_at` as one call's stream does: row -> the step at which on_tokens ended it.
     Memory: one chunk's buffers, plus 4 bytes per token and row for the returned tokens."""
     B, chunk, eos_id = prompt_BP.shape[0], _chunk(config), int(knobs[3])
     pieces, done_B, made, carry = [], np.zeros(B, bool), 0, None
@@ -594,7 +595,7 @@ def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs
             interrupt.check()
             n = np.int32(min(chunk, max_new_tokens - made))
             out_BN, carry = _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made,
-                                       carry, on_tokens, done_B, chunk, eos_id)
+                                       carry, on_tokens, done_B, chunk, eos_id, ended_at)
             pieces.append(out_BN[:, :n])
             done_B = np.asarray(carry.done_B)
             made += int(n)
@@ -602,9 +603,10 @@ def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs
 
 
 def _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made, carry, on_tokens,
-               done_B, chunk: int, eos_id: int):
+               done_B, chunk: int, eos_id: int, ended_at: dict):
     """One device call: the first chunk from the prompts, or the next from `carry`. Streams
-    its steps to on_tokens as steps made .. made+n-1. Returns (tokens_BN, carry)."""
+    its steps to on_tokens as steps made .. made+n-1, and adds the rows on_tokens ended to
+    `ended_at` (at their step of the whole generation). Returns (tokens_BN, carry)."""
     B = prompt_BP.shape[0]
     stream_id = next(_SINK_IDS)
     sink = _Stream(lambda i, t, d: on_tokens(made + i, t, d), B, eos_id)
@@ -619,7 +621,9 @@ def _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made, carry, o
             out_BN, carry = _continued(params, carry, key, np.int32(made), *knobs, n,
                                        np.int32(stream_id), config=config, budget=chunk,
                                        stream=True)
-        return np.asarray(out_BN), carry  # waits for the chunk
+        out_BN = np.asarray(out_BN)  # waits for the chunk
+        ended_at.update({b: made + i for b, i in sink.ended_at.items()})
+        return out_BN, carry
     finally:
         _SINKS.pop(stream_id, None)
 
