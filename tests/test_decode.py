@@ -350,3 +350,19 @@ def test_on_tokens_ends_rows_of_a_long_streamed_generation_at_its_token(tiny_con
                           on_tokens=lambda i, tokens_B, done_B: [i >= 70, i >= 100])
     assert cut == [whole[0][:71], whole[1][:101]]
 
+
+def test_a_streamed_request_shorter_than_a_stream_chunk_after_its_prompt(tiny_config):
+    """A context just above a prompt bucket (40 slots, a 20-token prompt padded to 32) leaves
+    room for 8 tokens: a 5-token request's budget is that room, shorter than STREAM_EVERY;
+    streamed, it gives every step once and the tokens of the unstreamed call."""
+    from transformer.model.gpt import init_params
+    config = dataclasses.replace(tiny_config, max_seq_len=40)
+    params = init_params(config, jax.random.key(0))
+    prompt = list(range(1, 21))
+    assert decode.token_budget(5, 40 - 32) < decode.STREAM_EVERY
+    kwargs = dict(max_new_tokens=5, temperature=1.0, seed=1)
+    plain = decode.generate(config, params, [prompt], **kwargs)
+    steps = []
+    streamed = decode.generate(config, params, [prompt], **kwargs,
+                               on_tokens=lambda i, tokens_B, done_B: steps.append(i))
+    assert streamed == plain and steps == list(range(5))

@@ -222,10 +222,12 @@ class _Loop(NamedTuple):
         return state
 
     def send(self, state: _State) -> jax.Array:
-        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`); returns
-        the rows the host ends."""
-        first = jnp.clip(state.i - STREAM_EVERY, 0, self.budget - STREAM_EVERY)
-        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, STREAM_EVERY, axis=1)
+        """Hands the host the last STREAM_EVERY columns of the output (`_deliver`), or all of
+        them when the budget is shorter (the room left after a prompt, `token_budget`);
+        returns the rows the host ends."""
+        K = min(STREAM_EVERY, self.budget)
+        first = jnp.clip(state.i - K, 0, self.budget - K)
+        chunk_BK = jax.lax.dynamic_slice_in_dim(state.out_BN, first, K, axis=1)
         return io_callback(_deliver, jax.ShapeDtypeStruct(state.done_B.shape, jnp.bool_),
                            self.stream_id, first, state.i, chunk_BK, ordered=True)
 
