@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from transformer.data import tokenizers
 from transformer.generate.text import REPLACEMENT, TextStream, encode_prompt
 
@@ -179,3 +181,43 @@ def test_a_served_row_gives_the_same_text_a_chunk_at_a_time_as_token_by_token():
         assert one.finish() == many.finish()
         assert (one.text, one.stopped) == (many.text, many.stopped)
         assert ids_within(one) == ids_within(many)
+
+
+def _sentencepiece_style(decoder: str, vocab_size: int):
+    """A BPE tokenizer as Llama 2 / Mistral ship theirs (built here: nothing is downloaded):
+    a Metaspace pre-tokenizer ("▁" before each word), decoded by a Metaspace decoder or by
+    Llama 2's Replace + ByteFallback + Fuse + Strip sequence: both drop the space of the
+    word that starts the text they decode."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(byte_fallback=decoder == "llama2"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = (decoders.Metaspace(replacement="▁", prepend_scheme="first")
+                   if decoder == "metaspace" else
+                   decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                      decoders.Fuse(), decoders.Strip(" ", 1, 0)]))
+    text = "the cat sat on a mat and the dog ate a hat; a bat, a rat and a man ran\n" * 20
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab_size,
+                                                        show_progress=False))
+    return tokenizers.BPETokenizer(tok)
+
+
+@pytest.mark.parametrize("decoder", ["metaspace", "llama2"])
+def test_sentencepiece_style_text_keeps_the_spaces_between_words(decoder, tiny_config,
+                                                                  tiny_params):
+    """Streamed pieces join to the whole decode, and a sample is the text its tokens add to
+    the prompt's: prompt + sample == decode(prompt ids + sample ids), spaces included (each
+    token decoded alone drops its word's space: "the cat" streamed as "thecat")."""
+    from transformer.generate import decode
+    from transformer.generate.text import sample_text
+    tok = _sentencepiece_style(decoder, tiny_config.vocab_size)
+    ids = tok.encode("the cat sat on a mat")
+    assert "".join(_stream(tok, ids)) == tok.decode(ids) == "the cat sat on a mat"
+    prompt = "the cat"
+    prompt_ids = tok.encode(prompt)
+    [row] = decode.generate(tiny_config, tiny_params, [prompt_ids], max_new_tokens=12, seed=0)
+    assert any((tok.hf_tokenizer().id_to_token(i) or "").startswith("▁") for i in row[1:])
+    streamed = []
+    [text] = sample_text(tiny_config, tiny_params, tok, prompt, max_new_tokens=12, seed=0,
+                         end_at_eot=False, on_text=streamed.append)
+    assert prompt + text == tok.decode(prompt_ids + row)
+    assert "".join(streamed) == text

@@ -19,13 +19,32 @@ from transformer.generate import decode
 REPLACEMENT = "\ufffd"
 
 
+def text_after(tokenizer, context, ids) -> str:
+    """The text `ids` add after the ids `context`: decode(context + ids) less decode(context).
+    For byte, char and byte-level BPE tokenizers that is decode(ids); a sentencepiece-style
+    decoder (Metaspace, or Llama 2's Replace + Strip) drops the space of a word that starts
+    the text it decodes, so "▁world" alone is "world", while after "hello" it is " world".
+    A context whose text is not whole characters (a replacement character: bytes that the
+    ids might complete) is not used: its text would change, not be continued."""
+    ids = [int(i) for i in ids]
+    if not context:
+        return tokenizer.decode(ids)
+    context = [int(i) for i in context]
+    before = tokenizer.decode(context)
+    whole = tokenizer.decode(context + ids) if REPLACEMENT not in before else ""
+    return whole[len(before):] if whole.startswith(before) and whole else tokenizer.decode(ids)
+
+
 class TextStream:
     """Token ids in, text out, piece by piece: the concatenated pieces equal
-    `tokenizer.decode(all ids)`. Works with any tokenizer that has `decode(ids)`: it decodes
-    only the ids not yet shown, and holds them while their text ends in a replacement
-    character (an unfinished UTF-8 sequence, or an invalid one that the next byte may
-    still turn out to end); text that ends in a whole character cannot change with later
-    tokens. `finish` gives whatever is left.
+    `text_after(tokenizer, context, all ids)`, `tokenizer.decode(all ids)` without a context
+    (`context`: the ids before them, a prompt's). Works with any tokenizer that has
+    `decode(ids)`: it decodes only the ids not yet shown, after the last CONTEXT ids before
+    them (a sentencepiece-style decoder spells a word's space only after another token),
+    and holds them while their text ends in a replacement character (an unfinished UTF-8
+    sequence, or an invalid one that the next byte may still turn out to end); text that
+    ends in a whole character cannot change with later tokens. `finish` gives whatever is
+    left.
 
     The held ids stay few, so each token costs the same however long the stream: once more
     than HOLD are held (invalid bytes that never become a character), the longest head whose
@@ -33,22 +52,31 @@ class TextStream:
     (an unfinished character cut in two would decode to one more replacement character)."""
 
     HOLD = 8
+    CONTEXT = 4
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context=()):
         self.tokenizer, self.held = tokenizer, []
+        self.context = [int(i) for i in context][-self.CONTEXT:]
+
+    def _text(self, ids, before=()) -> str:
+        return text_after(self.tokenizer, (self.context + list(before))[-self.CONTEXT:], ids)
+
+    def _shown(self, ids) -> None:
+        self.context = (self.context + list(ids))[-self.CONTEXT:]
 
     def push(self, token_id: int) -> str:
         self.held.append(int(token_id))
-        text = self.tokenizer.decode(self.held)
+        text = self._text(self.held)
         if not text.endswith(REPLACEMENT):
+            self._shown(self.held)
             self.held = []
             return text
         if len(self.held) <= self.HOLD:
             return ""
-        decode = self.tokenizer.decode
         for k in range(len(self.held) - 1, 0, -1):  # at most HOLD decodes of HOLD ids
-            head = decode(self.held[:k])
-            if head + decode(self.held[k:]) == text:
+            head = self._text(self.held[:k])
+            if head + self._text(self.held[k:], self.held[:k]) == text:
+                self._shown(self.held[:k])
                 self.held = self.held[k:]
                 return head
         return ""
@@ -62,11 +90,13 @@ class TextStream:
         if not self.held and getattr(self.tokenizer, "kind", None) in ("byte", "char"):
             text = self.tokenizer.decode(token_ids)
             if REPLACEMENT not in text:
+                self._shown(token_ids)
                 return text
         return "".join(self.push(t) for t in token_ids)
 
     def finish(self) -> str:
-        text = self.tokenizer.decode(self.held) if self.held else ""
+        text = self._text(self.held) if self.held else ""
+        self._shown(self.held)
         self.held = []
         return text
 
@@ -201,7 +231,8 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     on_tokens = None
     watch = stops if (eot is not None or eos_id == -1) and mesh is None else []  # host checks
     if on_text is not None or watch:
-        streams = [TextStream(tokenizer) for _ in range(num_samples if watch else 1)]
+        streams = [TextStream(tokenizer, prompt_ids)
+                   for _ in range(num_samples if watch else 1)]
         cuts = [StopText(watch) for _ in streams]
 
         def on_tokens(i, tokens_B, done_B):
@@ -221,4 +252,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
         piece = cuts[0].push(streams[0].finish()) + cuts[0].finish()
         if piece:
             on_text(piece)
-    return [cut_at_stop(tokenizer.decode(row), stops) for row in rows]
+    # The text each continuation adds after the prompt (a sentencepiece-style decoder spells
+    # the space of a first word that continues the prompt's text).
+    return [cut_at_stop(text_after(tokenizer, prompt_ids[-TextStream.CONTEXT:], row), stops)
+            for row in rows]
