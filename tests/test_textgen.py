@@ -221,3 +221,16 @@ def test_sentencepiece_style_text_keeps_the_spaces_between_words(decoder, tiny_c
                          end_at_eot=False, on_text=streamed.append)
     assert prompt + text == tok.decode(prompt_ids + row)
     assert "".join(streamed) == text
+
+
+def test_a_one_character_stop_the_char_tokenizer_lacks_never_matches(tiny_config,
+                                                                     tiny_params):
+    """A stop is text to look for, not text to encode: one character outside a char
+    tokenizer's vocabulary can never appear, so the sample is the one without the stop (as
+    for a longer stop it lacks), not a TokenizerError."""
+    from transformer.generate.text import sample_text
+    tok = tokenizers.CharTokenizer("".join(chr(0x4E00 + i) for i in range(64)))
+    kwargs = dict(max_new_tokens=8, seed=0)
+    free = sample_text(tiny_config, tiny_params, tok, "丁", **kwargs)
+    assert sample_text(tiny_config, tiny_params, tok, "丁", stop="Z", **kwargs) == free
+    assert sample_text(tiny_config, tiny_params, tok, "丁", stop="ZZ", **kwargs) == free

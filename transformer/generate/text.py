@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from transformer.config import ModelConfig
+from transformer.data.tokenizers import TokenizerError
 from transformer.generate import decode
 
 REPLACEMENT = "\ufffd"
@@ -193,7 +194,10 @@ def stop_id(tokenizer, stop) -> int:
     if len(stops) != 1 or len(stops[0]) != 1 or \
             getattr(tokenizer, "kind", None) not in ("byte", "char"):
         return -1
-    ids = tokenizer.encode(stops[0])
+    try:
+        ids = tokenizer.encode(stops[0])
+    except TokenizerError:  # a character the char tokenizer lacks: the text never holds it
+        return -1
     return ids[0] if len(ids) == 1 else -1
 
 
