@@ -221,6 +221,14 @@ def test_sentencepiece_style_text_keeps_the_spaces_between_words(decoder, tiny_c
                          end_at_eot=False, on_text=streamed.append)
     assert prompt + text == tok.decode(prompt_ids + row)
     assert "".join(streamed) == text
+    from transformer.serve import api
+    from transformer.serve.engine import Engine
+    engine = Engine(tiny_config, tiny_params, tok, max_tokens=12)
+    request = api.parse_completion(dict(prompt=prompt, max_tokens=12, seed=0), 12)
+    job = engine.submit(lambda job: engine.complete(job, request, [prompt_ids]))
+    [choice] = job.future.result(timeout=120)
+    engine.close()
+    assert prompt + choice.text == tok.decode(prompt_ids + choice.ids)
 
 
 def test_a_one_character_stop_the_char_tokenizer_lacks_never_matches(tiny_config,

@@ -79,8 +79,11 @@ class _Row:
     characters, a StopText that cuts at the first stop string and holds back a tail that may
     begin one), ended also by the end-of-text token. `text` is the choice's text so far."""
 
-    def __init__(self, tokenizer, stops):
-        self.stream, self.cut = textgen.TextStream(tokenizer), textgen.StopText(stops)
+    def __init__(self, tokenizer, stops, prompt_ids=()):
+        # The prompt's ids as the stream's context: a sentencepiece-style decoder spells the
+        # space of a first word only after another token (textgen.text_after).
+        self.stream = textgen.TextStream(tokenizer, prompt_ids)
+        self.cut = textgen.StopText(stops)
         self.eot = getattr(tokenizer, "eot", None)
         self.ids, self.ended = [], False
 
@@ -336,8 +339,8 @@ class Engine:
         next job start, and waits for them. `emit(index, piece)`: each choice's new text as it
         comes (called on the device thread)."""
         emit = emit or (lambda index, piece: None)
-        seqs = [_Seq(job, ids, j, p * request.n + j, request, _Row(self.tokenizer, request.stop),
-                     emit)
+        seqs = [_Seq(job, ids, j, p * request.n + j, request,
+                     _Row(self.tokenizer, request.stop, ids), emit)
                 for p, ids in enumerate(prompts_ids) for j in range(request.n)]
         job.batched = request.max_tokens > 0  # scoring alone (echo) runs on this thread
         if job.batched:
