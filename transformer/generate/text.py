@@ -36,6 +36,16 @@ def text_after(tokenizer, context, ids) -> str:
     return whole[len(before):] if whole.startswith(before) and whole else tokenizer.decode(ids)
 
 
+def _concatenative(tokenizer) -> bool:
+    """Whether the text of ids after whole characters is their own text whatever came before:
+    byte and char tokenizers, and BPE with GPT-2's byte-level decoder."""
+    kind = getattr(tokenizer, "kind", None)
+    if kind in ("byte", "char"):
+        return True
+    hf = tokenizer.hf_tokenizer() if kind == "bpe" else None
+    return hf is not None and type(hf.decoder).__name__ == "ByteLevel"
+
+
 class TextStream:
     """Token ids in, text out, piece by piece: the concatenated pieces equal
     `text_after(tokenizer, context, all ids)`, `tokenizer.decode(all ids)` without a context
@@ -57,13 +67,19 @@ class TextStream:
 
     def __init__(self, tokenizer, context=()):
         self.tokenizer, self.held = tokenizer, []
-        self.context = [int(i) for i in context][-self.CONTEXT:]
+        # Byte, char and byte-level BPE text does not depend on what came before: no context
+        # to decode (one decode a token, as before).
+        self.keep = 0 if _concatenative(tokenizer) else self.CONTEXT
+        self.context = [int(i) for i in context][-self.keep:] if self.keep else []
 
     def _text(self, ids, before=()) -> str:
-        return text_after(self.tokenizer, (self.context + list(before))[-self.CONTEXT:], ids)
+        if not self.keep:
+            return self.tokenizer.decode(ids)
+        return text_after(self.tokenizer, (self.context + list(before))[-self.keep:], ids)
 
     def _shown(self, ids) -> None:
-        self.context = (self.context + list(ids))[-self.CONTEXT:]
+        if self.keep:
+            self.context = (self.context + list(ids))[-self.keep:]
 
     def push(self, token_id: int) -> str:
         self.held.append(int(token_id))
