@@ -115,7 +115,10 @@ def _load():
             cli.fail(f"--hf={_HF.value}: no tokenizer.json and vocab_size="
                      f"{model_config.vocab_size}: ids above 255 have no text without the "
                      "model's own tokenizer; put its tokenizer.json in the folder")
-        return "hf", model_config, params, tokenizer
+        # The folder's end of sequence (Llama's and Mistral's </s>, not <|endoftext|>) is
+        # where --end_at_eot ends a sample, as serve --hf ends a choice there.
+        config = hf_load.read_config(_HF.value, f"--hf={_HF.value}")
+        return "hf", model_config, params, hf_load.ending_at(tokenizer, _HF.value, config)
     from transformer import checkpoint
 
     # A damaged newest checkpoint is skipped with a warning; safe while a run trains there.

@@ -524,3 +524,29 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
     x = tokens(mc, T=20) % 257
     np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, jax.device_get(saved.params),
                                                                x)[..., :257], atol=TOL)
+
+
+def test_sample_ends_at_the_folders_end_of_sequence_token(tmp_path):
+    """sample.py --hf of a folder whose end token is not <|endoftext|> (config.json's
+    eos_token_id, Llama's and Mistral's </s>): the sample ends where the model makes it
+    (--end_at_eot, the default), as serve --hf ends a choice there; --noend_at_eot goes on."""
+    import json
+    _, folder = hf_gpt2(tmp_path)
+    bpe = tokenizers.BPETokenizer.train("the quick brown fox jumps over the lazy dog\n" * 20,
+                                        300)
+    bpe.hf_tokenizer().save(str(folder / "tokenizer.json"))
+    mc, params, tok = hf_import.load_pretrained(folder)
+    prompt = "the fox"
+    free = decode.generate(mc, params, [tok.encode(prompt)], max_new_tokens=24,
+                           temperature=1.0, seed=0)[0]
+    k = next(k for k in range(2, 24) if free[k] not in free[:k] and free[k] < tok.vocab_size
+             and tok.decode(free[k:]))
+    spec = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**spec, "eos_token_id": free[k]}))
+    args = ("sample.py", f"--hf={folder}", f"--prompt={prompt}", "--temperature=1",
+            "--seed=0", "--max_new_tokens=24")
+    # (the end token here is an ordinary token: past it, --noend_at_eot prints its text)
+    for flags, text in (((), tok.decode(free[:k])), (("--noend_at_eot",), tok.decode(free))):
+        result = run_cli(*args, *flags)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("---\n", 1)[1] == prompt + text + "\n"
