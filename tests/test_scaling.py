@@ -47,6 +47,30 @@ def test_fits_refuse_too_few_points():
     assert np.isnan(f["alpha_err"]) and f["rmse"] < 1e-6
 
 
+def test_two_term_fit_is_not_given_where_its_exponents_are_not_determined():
+    """A ladder at 2 token budgets (configs/scaling/tiny_ladder.py: 5 sizes x 2) meets the D
+    term as 2 numbers, which E, B and beta fit exactly for any beta: the fit printed a beta
+    made up by the fitter (1.70 and E 2.30 for a planted 0.4 and 1.0, with errors of 1e-5).
+    L(N, D) and Approach 3 are fitted only from 3 distinct N and 3 distinct D; at 3 budgets
+    the same planted law comes back."""
+    from transformer.scaling import chinchilla
+    truth = dict(E=1.0, A=30.0, alpha=0.3, B=200.0, beta=0.4)
+    sizes = [3.3e3, 1.3e4, 3.6e4, 8e4, 1.6e5]
+    for budgets, determined in (((1e5, 2e5), False), ((1e5, 2e5, 4e5), True)):
+        N = np.repeat(sizes, len(budgets))
+        D = np.tile(budgets, len(sizes))
+        loss = chinchilla.loss_nd(truth, N, D)
+        f = fit.power_law_nd(N, D, loss)
+        a3 = chinchilla.approach3([dict(N=n, D=d, loss=x) for n, d, x in zip(N, D, loss)])
+        if not determined:
+            assert f is None and a3 is None
+            continue
+        for name in ("E", "alpha", "beta"):
+            assert f[name] == pytest.approx(truth[name], rel=0.02), (name, f)
+            assert a3[name] == pytest.approx(truth[name], rel=0.05), (name, a3)
+    assert fit.power_law([1e4, 1e4, 1e5], [3.0, 3.01, 2.5]) is None  # 2 sizes: no exponent
+
+
 def test_ladder_follows_its_rule_and_budgets_set_steps():
     sizes = scaling.ladder([1, 2, 4], aspect=32, head_dim=32)
     assert [s["d_model"] for s in sizes] == [32, 64, 128]

@@ -47,6 +47,8 @@ import numpy as np
 from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 
+from transformer.scaling import fit
+
 HUBER_DELTA = 1e-3
 # 2^5 starting points; with N and D scaled to ~1, A/N^alpha at the geometric-mean size is
 # e^a, so a, b in {-2, 0.5} span terms of ~0.1 to ~2 nats.
@@ -133,9 +135,9 @@ def _objective(p, logN, logD, logL):
 
 def approach3(runs, starts=None) -> dict | None:
     """L(N, D) = E + A/N^alpha + B/D^beta by Huber-on-log-loss with L-BFGS from every start;
-    None with fewer than 6 runs or fewer than 2 distinct N or D."""
+    None with fewer than 6 runs or fewer than 3 distinct N or D (fit.identifiable)."""
     N, D, L = _arrays(runs, "N", "D", "loss")
-    if len(N) < 6 or len(set(N)) < 2 or len(set(D)) < 2:
+    if not fit.identifiable(N, D):
         return None
     sN, sD = np.exp(np.mean(np.log(N))), np.exp(np.mean(np.log(D)))
     logN, logD, logL = np.log(N / sN), np.log(D / sD), np.log(L)

@@ -54,9 +54,9 @@ def _finish(names, p, cov, scales, n_points, residuals):
 
 
 def power_law(N, loss) -> dict | None:
-    """Fits L(N) = E + A·N^-alpha; None with fewer than 3 points (3 constants)."""
+    """Fits L(N) = E + A·N^-alpha; None with fewer than 3 distinct N (3 constants)."""
     N, loss = np.asarray(N, float), np.asarray(loss, float)
-    if len(N) < 3:
+    if len(set(N)) < 3:
         return None
     scale = float(np.exp(np.mean(np.log(N))))
     x = N / scale
@@ -81,11 +81,20 @@ def power_law(N, loss) -> dict | None:
                    loss - model(x, *p))
 
 
+def identifiable(N, D) -> bool:
+    """Whether L(N, D) = E + A·N^-alpha + B·D^-beta is determined by losses at these points:
+    5 constants need 6 points, and each term needs 3 distinct values of its variable. At only
+    2 values of D (a ladder at 2 token budgets) the D term and E meet the data as 2 numbers,
+    so any beta fits exactly, with a B and E to match: a fit would print an arbitrary beta."""
+    return len(N) >= 6 and len(set(np.asarray(N, float))) >= 3 and \
+        len(set(np.asarray(D, float))) >= 3
+
+
 def power_law_nd(N, D, loss) -> dict | None:
-    """Fits L(N, D) = E + A·N^-alpha + B·D^-beta; None unless >= 6 points with >= 2 distinct
-    values of both N and D."""
+    """Fits L(N, D) = E + A·N^-alpha + B·D^-beta; None unless >= 6 points with >= 3 distinct
+    values of both N and D (`identifiable`)."""
     N, D, loss = (np.asarray(v, float) for v in (N, D, loss))
-    if len(N) < 6 or len(set(N)) < 2 or len(set(D)) < 2:
+    if not identifiable(N, D):
         return None
     sn, sd = (float(np.exp(np.mean(np.log(v)))) for v in (N, D))
     xn, xd = N / sn, D / sd

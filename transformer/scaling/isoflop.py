@@ -182,7 +182,7 @@ def describe(fits) -> list[str]:
         lines.append("implied N_opt ∝ C^a, a = β/(α+β) = "
                      f"{_pm(a_opt, [f['beta'] / (f['alpha'] + f['beta']) for f in b3])}")
     else:
-        lines.append("Approach 3: needs at least 6 runs with 2 sizes and 2 token counts")
+        lines.append("Approach 3: needs at least 6 runs with 3 sizes and 3 token counts")
     return lines
 
 
@@ -192,7 +192,7 @@ def optimum(fits, C: float) -> dict:
     a3, cost = fits["a3"], fits["cost"]
     if a3 is None:
         raise ConfigError("--predict: Approach 3 could not be fitted (needs >= 6 finished runs "
-                          "with 2 sizes and 2 token counts)")
+                          "with 3 sizes and 3 token counts)")
     n, d, loss = chinchilla.approach3_optimum(a3, C, cost)
     boot = [chinchilla.approach3_optimum(f, C, cost) for f in fits["boot3"]]
     out = dict(C=C, N=n, D=d, loss=loss, N_int=chinchilla.interval([b[0] for b in boot]),
@@ -252,7 +252,7 @@ def holdout_lines(runs, which: str, n_boot: int = 100) -> list[str]:
     fits = fit_all(kept, n_boot)
     if fits["a3"] is None:
         return [f"holdout: the {len(kept)} runs below C = {budgets[-1]:.2g} cannot fit "
-                "Approach 3 (needs >= 6 runs, 2 sizes, 2 token counts)"]
+                "Approach 3 (needs >= 6 runs, 3 sizes, 3 token counts)"]
     lines = [f"### Holdout: fitted without C = {budgets[-1]:.2g} ({len(kept)} runs), "
              f"predicting its {len(held)} runs", "",
              "error = predicted - actual (positive: the fit predicted a higher loss); "

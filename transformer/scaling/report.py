@@ -103,7 +103,9 @@ def _fits(ok) -> dict:
                          "model sees fewer tokens: a valley, not a power law; see the "
                          "compute-optimal fits below)")
             continue
-        lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"))
+        lines.append(f"{name}: " + (fit.describe(f, x) if f else "not enough points to fit"
+                                    + (" (needs >= 6 runs with 3 sizes and 3 token counts)"
+                                       if name == "L(N,D)" else "")))
     if len(budgets) > 1 and largest:
         lines.append(f"(L(N) uses the {len(largest)} runs of the largest budget)")
     if largest:

@@ -60,7 +60,7 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
     fits = isoflop.fit_all(runs, n_boot, saved)
     if fits["a3"] is None:
         raise ConfigError("--verify: Approach 3 could not be fitted (needs >= 6 finished runs "
-                          "with 2 sizes and 2 token counts)")
+                          "with 3 sizes and 3 token counts)")
     C = flops_budget or FACTOR * max(r["budget"] for r in runs)
     best = isoflop.optimum(fits, C)
     cost = fits["cost"]
