@@ -95,6 +95,26 @@ def test_ladder_follows_its_rule_and_budgets_set_steps():
         scaling.members(scaling.sweep_config(base, sizes, "epochs", [1]))
 
 
+def test_two_members_never_train_in_one_folder():
+    """A member's folder is its name, and budgets are named to a few digits (flop1.0e12,
+    tok1.234M): budgets that round to one name used to train into one folder, the second
+    resuming or skipping the first's run. Such a sweep is refused in one line, before
+    anything is written; budgets that differ in their name still make a member each."""
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.sample.max_new_tokens = 10
+    base.train.batch_size = 4
+    sizes = scaling.ladder([1, 2], aspect=16, head_dim=16)
+    for kind, budgets in (("flops", [1.0e12, 1.04e12]), ("tokens", [1_234_000, 1_234_400])):
+        with pytest.raises(ConfigError, match="would both train in the folder"):
+            scaling.members(scaling.sweep_config(base, sizes, kind, budgets))
+    twins = [dict(size, name="L1") for size in sizes]
+    with pytest.raises(ConfigError, match="'L1_tok1K'"):
+        scaling.members(scaling.sweep_config(base, twins, "tokens", [1000]))
+    ms = scaling.members(scaling.sweep_config(base, sizes, "flops", [1.0e12, 1.1e12]))
+    assert len({m.name for m in ms}) == len(ms) == 4
+
+
 TINY_SWEEP = '''
 from transformer.config import base_config
 from transformer.scaling.sweep import ladder, sweep_config

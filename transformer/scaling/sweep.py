@@ -158,6 +158,16 @@ def members(sweep) -> list[Member]:
         name = "_".join(p for p in (variant["name"], size["name"], tag) if p)
         group = variant.get("group", variant["name"])
         out.append(Member(len(out), name, validate(config), kind, value, group))
+    seen = {}
+    for m in out:  # a member's folder is its name: two of one name would train into one
+        if m.name in seen:
+            first = seen[m.name]
+            raise ConfigError(f"sweep: members {first.index} and {m.index} would both train "
+                              f"in the folder {m.name!r} (budgets {first.value:g} and "
+                              f"{m.value:g}): give every size, variant and budget a name of its "
+                              "own (a budget's name keeps 2 digits of a FLOP count, 4 of a "
+                              "token count)")
+        seen[m.name] = m
     return out
 
 
