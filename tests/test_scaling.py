@@ -1,6 +1,7 @@
 """Sweeps, fits and the report: power-law fits recover known constants; a tiny 3-size sweep
 runs end to end through the command line and a rerun skips what finished."""
 
+import copy
 import itertools
 import json
 import os
@@ -507,6 +508,28 @@ def test_a_sweep_workdir_refuses_another_sweep_or_a_changed_base(tmp_path):
     assert scaling.check_workdir(sweep, workdir) is None
     with pytest.raises(ConfigError, match="holds another sweep"):
         scaling.check_workdir(changed, workdir, ["sizes"])
+
+
+def test_a_sweep_workdir_refuses_a_change_to_what_its_members_measure(tmp_path):
+    """Free on a resumed run is not free within a sweep: the final val loss the report fits is
+    measured over train.final_eval_batches, and an IsoFLOP member's tokens depend on the
+    padded vocabulary (model.vocab_multiple). Members finished before such a change and
+    trained after it would be fitted together; the workdir refuses it, naming the key
+    (--verify's budget folders follow the same rule). Logging stays free."""
+    from transformer.scaling import verify
+    _, sweep, workdir = _finished_sweep(tmp_path)
+    for key, value in (("train.final_eval_batches", 4), ("model.vocab_multiple", 64)):
+        changed = copy.deepcopy(sweep)
+        section, field = key.split(".")
+        changed.base[section][field] = value
+        with pytest.raises(ConfigError, match=f"base.{key}"):
+            scaling.check_workdir(changed, workdir)
+        assert set(scaling.check_workdir(changed, workdir, [f"base.{key}"])) == {f"base.{key}"}
+        with pytest.raises(ConfigError, match=f"base.{key}"):
+            verify._refuse_another_plan(changed, workdir)
+    logged = copy.deepcopy(sweep)
+    logged.base.train.log_every = 1
+    assert scaling.check_workdir(logged, workdir) is None
 
 
 def test_a_run_config_or_an_empty_budget_given_as_sweep_is_one_line(tmp_path):

@@ -188,6 +188,22 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Free on a resumed run, but not within a sweep: the final validation loss the report fits is
+# measured over train.final_eval_batches, and the padded vocabulary's head is in the FLOPs an
+# IsoFLOP member is sized by. Members finished before and after such a change would not compare.
+NOT_FREE_IN_A_SWEEP = ("train.final_eval_batches", "model.vocab_multiple")
+
+
+def free_in_a_sweep(key: str) -> bool:
+    """Whether a dotted sweep key ("base.train.log_every") may differ between the members of
+    one sweep: base fields free on a resumed run (logging, evaluation during training,
+    checkpoints, mesh, the sample) change nothing a member's result holds, except those in
+    NOT_FREE_IN_A_SWEEP."""
+    name = key[5:] if key.startswith("base.") else None
+    return (name in fields.BY_NAME and fields.BY_NAME[name].resume == fields.FREE
+            and name not in NOT_FREE_IN_A_SWEEP)
+
+
 def check_workdir(sweep, workdir, allow_change=()) -> dict | None:
     """Refuses a workdir that holds another sweep (or a changed base) unless every differing
     key is named in `allow_change`; also one that holds a training run. Returns the
@@ -199,11 +215,8 @@ def check_workdir(sweep, workdir, allow_change=()) -> dict | None:
             raise ConfigError(f"--workdir={workdir} holds a training run, not a sweep: give "
                               "the sweep a folder of its own")
         return None
-    # Base fields free to change on a resumed run (logging, evaluation, checkpoints, mesh,
-    # the sample) change nothing a member computes: not a different sweep.
     diffs = {k: v for k, v in differences(saved, json.loads(sweep.to_json())).items()
-             if not (k.startswith("base.") and k[5:] in fields.BY_NAME
-                     and fields.BY_NAME[k[5:]].resume == fields.FREE)}
+             if not free_in_a_sweep(k)}
     if not diffs:
         return None
     refused = {k: v for k, v in diffs.items() if k not in set(allow_change or ())}

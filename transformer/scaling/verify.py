@@ -30,7 +30,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from transformer.config import ConfigError, fields
+from transformer.config import ConfigError
 from transformer.model.sizes import human
 from transformer.scaling import chinchilla, isoflop, report
 from transformer.scaling import sweep as sweep_lib
@@ -85,9 +85,7 @@ def _refuse_another_plan(check, where: Path) -> None:
     if saved is None:
         return
     diffs = {k: v for k, v in sweep_lib.differences(saved, json.loads(check.to_json())).items()
-             if k not in ("sizes", "variants") and not (
-                 k.startswith("base.") and k[5:] in fields.BY_NAME
-                 and fields.BY_NAME[k[5:]].resume == fields.FREE)}
+             if k not in ("sizes", "variants") and not sweep_lib.free_in_a_sweep(k)}
     if diffs:
         raise ConfigError(f"--verify: {where} holds a verification made from another sweep "
                           f"config ({', '.join(diffs)} differ): move that folder away to verify "
