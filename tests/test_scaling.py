@@ -415,6 +415,12 @@ def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():
     assert not ok and why.startswith("NOT confirmed: c")
     ok, why, _ = verdict({"a": [3.1], "b": [3.0], "c": [2.999]}, "b")  # one seed: no noise
     assert not ok and "not measured" in why
+    # A NaN loss is neither lower nor higher than another: a diverged or unevaluated run
+    # (the predicted size's or a neighbour's) must not read as "confirmed".
+    for losses in ({"a": [3.1], "b": [float("nan")], "c": [3.2]},
+                   {"a": [3.1, 3.2], "b": [3.0, 3.1], "c": [3.05, float("nan")]}):
+        ok, why, _ = verdict(losses, "b")
+        assert not ok and "not finite" in why, why
 
 
 def test_verify_trains_the_predicted_size_and_its_neighbours_once_per_budget(tmp_path):

@@ -97,6 +97,10 @@ def verdict(losses: dict, predicted: str) -> tuple[bool, str, dict]:
     seeds paired by position), within the seed noise of each paired gap. Returns (confirmed,
     one line saying why, {size: (mean gap to the predicted size, its seed noise or None)})."""
     mine = np.array(losses[predicted], float)
+    broken = [name for name, values in losses.items() if not np.isfinite(values).all()]
+    if broken:  # NaN compares as neither better nor worse: it would pass as "confirmed"
+        return False, (f"no verdict: the val loss of {', '.join(broken)} is not finite (a "
+                       "diverged or unevaluated run)"), {}
     gaps, beaten = {}, []
     for name, values in losses.items():
         if name == predicted:
@@ -188,7 +192,7 @@ def _size_table(check, members, rows, predicted: str, fits, C: float, seeds: int
         if name == predicted:
             gap = "(predicted)"
         else:
-            mean, noise = gaps[name]
+            mean, noise = gaps.get(name, (math.nan, None))  # none without a verdict
             gap = f"{mean:+.4f} [{noise:.4f}]" if noise is not None else f"{mean:+.4f}"
         lines.append(f"| {name} | {human(N)} | {human(D)} | {D / N:.3g} | "
                      + " | ".join(f"{x:.4f}" for x in losses[name])
