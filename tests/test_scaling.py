@@ -180,6 +180,16 @@ def test_index_out_of_range_and_empty_report_are_one_line_errors(tmp_path):
     assert not (tmp_path / "w").exists()  # nothing written for a bad index
     empty = _scaling(f"--workdir={tmp_path / 'nothing'}", "--report")
     assert empty.returncode == 2 and "no finished sweep members" in empty.stderr
+    # Finished members without a finite val loss (a NaN, or no val line): one line too.
+    run = tmp_path / "no_val" / "L1-d16_tok1K"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps(dict(
+        name=run.name, budget="tokens", budget_value=1000, n_layers=1, d_model=16, steps=8,
+        tokens=1024, params_total=100, params_non_embedding=50, flops=1e9, wall_s=1.0)))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 8, "val_loss": float("nan")}) + "\n")
+    no_val = _scaling(f"--workdir={run.parent}", "--report")
+    assert no_val.returncode == 2 and "Traceback" not in no_val.stderr, no_val.stderr[-2000:]
+    assert "finite final val loss" in no_val.stderr
 
 
 def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):

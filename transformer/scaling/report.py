@@ -149,6 +149,9 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     write_atomic(workdir / "report.csv", table.getvalue())
     lines = [markdown_table(rows)]
     ok = best_per_size([r for r in rows if math.isfinite(r["val_loss"])])
+    if not ok:
+        raise ConfigError(f"--workdir={workdir}: none of its {len(rows)} finished members has a "
+                          "finite final val loss in its metrics.jsonl: nothing to fit or plot")
     fitted = {r["group"] for r in ok}
     groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g in fitted]
     by_group = {}
