@@ -263,6 +263,11 @@ def test_predict_and_holdout_flags_refuse_bad_values(tmp_path):
     _write_isoflop_runs(tmp_path)
     no_budget = _scaling(f"--workdir={tmp_path}", "--predict")
     assert no_budget.returncode == 2 and "--flops" in no_budget.stderr
+    for flag in ("--predict", "--verify"):  # nan passed as positive: a prediction of nans
+        for value in ("nan", "inf"):
+            bad = _scaling(f"--workdir={tmp_path}", flag, f"--flops={value}", "--bootstrap=2")
+            assert bad.returncode == 2 and "--flops" in bad.stderr, (flag, value, bad.stdout)
+            assert "Traceback" not in bad.stderr
     bad = _scaling(f"--workdir={tmp_path}", "--report", "--holdout=smallest")
     assert bad.returncode == 2 and "--holdout=smallest" in bad.stderr
 
@@ -411,6 +416,23 @@ def test_predict_and_verify_name_the_same_size_on_a_base_with_gqa_and_swiglu(tmp
     assert middle == n and check.sizes[1] == size
     for ratio in (n / lower, upper / n):
         assert cost.step / 1.3 < ratio < cost.step * 1.3, (ratio, cost.step)
+
+
+def test_the_report_after_a_whole_sweep_takes_its_bootstrap_and_holdout_flags(tmp_path):
+    """`--sweep=... --workdir=...` ends with the report; it used to ignore --bootstrap and
+    --holdout there (100 resamples, no holdout table, whatever was asked). Every member of
+    configs/scaling/cpu_isoflop.py is planted as finished, so nothing trains."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("iso", ROOT / "configs/scaling/cpu_isoflop.py")
+    iso = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(iso)
+    _write_planted_isoflop(tmp_path, iso.get_config(), TRUTH)
+    done = _scaling("--sweep=configs/scaling/cpu_isoflop.py", f"--workdir={tmp_path}",
+                    "--bootstrap=3", "--holdout=largest")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("finished, skipped") == 24
+    assert "[3 resamples]" in done.stdout and "[100 resamples]" not in done.stdout
+    assert "Holdout: fitted without" in done.stdout
 
 
 def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():

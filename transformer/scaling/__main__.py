@@ -14,6 +14,8 @@ training it.
 
 from __future__ import annotations
 
+import math
+
 from transformer.scaling.report import predict, report
 from transformer.scaling.sweep import run
 
@@ -55,8 +57,9 @@ def _main():
         from transformer.train import scratch
         scratch.keep_freed_memory()  # as train.py: every size trains in this process
         if verify_flag.value:
-            if flops_flag.value is not None and flops_flag.value <= 0:
-                cli.fail("--verify --flops=C: the budget must be positive")
+            if flops_flag.value is not None and not 0 < flops_flag.value < math.inf:
+                cli.fail(f"--verify --flops={flops_flag.value}: the budget must be a positive "
+                         "number")
             if seeds_flag.value < 1:
                 cli.fail(f"--seeds={seeds_flag.value}: must be at least 1")
             from transformer.scaling import verify
@@ -64,7 +67,7 @@ def _main():
                           progress=not no_progress.value, seeds=seeds_flag.value)
             return
         if predict_flag.value:
-            if not flops_flag.value or flops_flag.value <= 0:
+            if flops_flag.value is None or not 0 < flops_flag.value < math.inf:
                 cli.fail("--predict needs --flops=C, a positive budget, e.g. --flops=1e15")
             predict(workdir_flag.value, flops_flag.value, n_boot=boot_flag.value)
             return
@@ -79,7 +82,7 @@ def _main():
         run(sweep, workdir_flag.value, index_flag.value, progress=not no_progress.value,
             allow_change=allow_flag.value)
         if index_flag.value is None:
-            report(workdir_flag.value)
+            report(workdir_flag.value, holdout=holdout_flag.value, n_boot=boot_flag.value)
         else:
             print(f"report: python -m transformer scaling --workdir={workdir_flag.value} --report")
 
