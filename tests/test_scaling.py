@@ -435,6 +435,30 @@ def test_the_report_after_a_whole_sweep_takes_its_bootstrap_and_holdout_flags(tm
     assert "Holdout: fitted without" in done.stdout
 
 
+def test_verify_does_not_train_a_config_no_member_of_the_sweep_had(tmp_path):
+    """An IsoFLOP sweep over a train.lr grid (one group: the report keeps each size's best
+    lr): --verify rebuilt its runs from the base config and dropped the variants, so it
+    trained at the base's lr, which no member used, and compared that run with a fit of
+    the best-lr losses. What it trains must be some member's config; here it is refused."""
+    from transformer.scaling import verify
+    base = base_config()
+    base.model.update(vocab_size=0, max_seq_len=32)
+    base.train.update(batch_size=4, lr=3e-3)
+    base.sample.max_new_tokens = 10
+    sizes = [dict(name=f"L1-d{d}", n_layers=1, d_model=d, n_heads=-(-d // 16), d_ff=4 * d)
+             for d in (8, 16, 24, 32, 48, 64)]
+    sweep = scaling.sweep_config(base, sizes, "flops", [2e7, 6e7, 2e8],
+                                 scaling.grid({"train.lr": [1e-2, 3e-2]}))
+    _write_planted_isoflop(tmp_path, sweep, TRUTH)
+    swept = {m.config.train.lr for m in scaling.members(sweep)}
+    try:
+        check = verify.plan(tmp_path, None, n_boot=2, seeds=1)[0]
+    except ConfigError as e:
+        assert "variants" in str(e)
+    else:
+        assert {m.config.train.lr for m in scaling.members(check)} <= swept
+
+
 def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():
     from transformer.scaling.verify import verdict
     ok, why, gaps = verdict({"a": [3.10, 3.20], "b": [3.00, 3.10], "c": [3.05, 3.12]}, "b")

@@ -56,6 +56,11 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
     if not saved or not saved.get("base"):
         raise ConfigError(f"--verify: {workdir}/sweep.json with the sweep's base config is "
                           "missing: the run to verify is built from it")
+    if saved.get("variants"):  # it would train the base, which no member of the sweep is
+        names = ", ".join(v.get("name", "?") for v in saved["variants"])
+        raise ConfigError(f"--verify: {workdir}'s sweep has variants ({names}) and --verify "
+                          "trains its base config, which none of them is: verify a sweep "
+                          "without variants (for a train.lr grid, one at the best lr)")
     runs = isoflop.runs_of(ok)
     fits = isoflop.fit_all(runs, n_boot, saved)
     if fits["a3"] is None:
