@@ -259,6 +259,15 @@ def test_isoflop_report_predicts_and_checks_a_held_out_budget(tmp_path):
     assert "nearest ladder size: (sweep.json lacks the sweep's sizes or base" in out[0]
 
 
+def test_predict_does_not_fit_several_variants_as_one_sweep(tmp_path):
+    """Two variants' IsoFLOP runs (the second planted 0.5 nats worse at every size): the
+    report fits no compute-optimal law through them, but --predict fitted one through both
+    and printed a prediction that belongs to neither. It is refused in one line."""
+    _write_isoflop_runs(tmp_path, groups=("gpt2", "modern"), shift=0.5)
+    with pytest.raises(ConfigError, match="variants"):
+        report_lib.predict(tmp_path, 1e17, log=lambda s: None, n_boot=2)
+
+
 def test_predict_and_holdout_flags_refuse_bad_values(tmp_path):
     _write_isoflop_runs(tmp_path)
     no_budget = _scaling(f"--workdir={tmp_path}", "--predict")

@@ -209,6 +209,11 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--predict: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
+    groups = list(dict.fromkeys(r["group"] for r in ok))
+    if len(groups) > 1:  # one fit through several variants' runs would predict none of them
+        raise ConfigError(f"--predict: {workdir} holds the runs of {len(groups)} variants "
+                          f"({', '.join(groups)}); the compute-optimal fits take one sweep "
+                          "without variants (the report fits each variant's L(N) and L(C))")
     fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir))
     log("\n".join(isoflop.prediction_lines(fits, flops_budget)))
     return isoflop.optimum(fits, flops_budget)
