@@ -48,6 +48,23 @@ def test_fits_refuse_too_few_points():
     assert np.isnan(f["alpha_err"]) and f["rmse"] < 1e-6
 
 
+def test_an_exponent_the_losses_do_not_determine_is_not_given_an_error_of_zero():
+    """Losses that rise with N (or do not move) fit A = 0, where any alpha fits as well: the
+    report printed alpha = 0.280(±0), false certainty, also in the plot's legend. Its error
+    is nan; a term that the data do determine keeps a finite, non-zero error."""
+    N = [1e4, 1e5, 1e6, 1e7]
+    for loss in ([3.0, 3.1, 3.2, 3.3], [3.0, 3.0, 3.0, 3.0]):
+        f = fit.power_law(N, loss)
+        assert np.isnan(f["alpha_err"]), f
+        assert "(±0)" not in fit.describe(f)
+    f = fit.power_law(N, [3.5, 3.2, 3.05, 3.0])
+    assert 0 < f["alpha_err"] < np.inf
+    D = np.tile([1e6, 4e6, 1.6e7], 3)
+    Nd = np.repeat([1e4, 1e5, 1e6], 3)
+    f = fit.power_law_nd(Nd, D, 1.0 + 30 * Nd ** -0.3 + 0.01 * np.log(D))  # D: no fall
+    assert np.isnan(f["beta_err"]) or f["B"] > 0, f
+
+
 def test_two_term_fit_is_not_given_where_its_exponents_are_not_determined():
     """A ladder at 2 token budgets (configs/scaling/tiny_ladder.py: 5 sizes x 2) meets the D
     term as 2 numbers, which E, B and beta fit exactly for any beta: the fit printed a beta

@@ -33,8 +33,11 @@ def curve_fit(*args, **kwargs):
         return _curve_fit(*args, **kwargs)
 
 
-def _finish(names, p, cov, scales, n_points, residuals):
-    """Undo the normalisation: A' (N/s)^-a = A' s^a N^-a, errors by the delta method."""
+def _finish(names, p, cov, scales, n_points, residuals, loss):
+    """Undo the normalisation: A' (N/s)^-a = A' s^a N^-a, errors by the delta method.
+    A term fitted to nothing (its coefficient at the bound 0, e.g. losses that rise with N)
+    leaves its exponent undetermined: that exponent's error is nan, not the 0 that
+    curve_fit's pseudo-inverse gives a direction the data do not constrain."""
     cov = np.asarray(cov, float) if cov is not None else np.full((len(p), len(p)), np.nan)
     if not np.all(np.isfinite(cov)):
         cov = np.full((len(p), len(p)), np.nan)
@@ -46,6 +49,9 @@ def _finish(names, p, cov, scales, n_points, residuals):
         jac[coef, coef] = factor
         jac[coef, expo] = p[coef] * factor * np.log(scale)
     errs = np.sqrt(np.abs(np.diag(jac @ cov @ jac.T)))
+    for coef, expo, _ in scales:  # p[coef]: the term's size at the geometric-mean N (or D)
+        if not p[coef] > 1e-6 * np.mean(np.abs(loss)):
+            errs[expo] = np.nan
     out = {name: float(v) for name, v in zip(names, values)}
     out.update({f"{name}_err": float(e) for name, e in zip(names, errs)})
     out["n_points"] = int(n_points)
@@ -78,7 +84,7 @@ def power_law(N, loss) -> dict | None:
     if len(N) <= 3:
         cov = None  # an exact fit through 3 points has no error estimate
     return _finish(("E", "A", "alpha"), p, cov, [(1, 2, scale)], len(N),
-                   loss - model(x, *p))
+                   loss - model(x, *p), loss)
 
 
 def identifiable(N, D) -> bool:
@@ -116,7 +122,7 @@ def power_law_nd(N, D, loss) -> dict | None:
     except (RuntimeError, ValueError):
         p, cov = np.array(p0), None
     return _finish(("E", "A", "alpha", "B", "beta"), p, cov, [(1, 2, sn), (3, 4, sd)],
-                   len(N), loss - model(np.stack([xn, xd]), *p))
+                   len(N), loss - model(np.stack([xn, xd]), *p), loss)
 
 
 def predict(f: dict, N, D=None):
