@@ -3,7 +3,7 @@
     python -m transformer scaling --sweep=configs/scaling/tiny_ladder.py --workdir=runs/tiny_ladder
 
 Sizing rule (transformer.scaling.ladder): d_model = 16 x n_layers, heads of 16, d_ff = 4 x
-d_model, n_layers = 1..5 (about 3K to 66K non-embedding params). Byte-level, context 64,
+d_model, n_layers = 1..5 (3.3K to 389K non-embedding params). Byte-level, context 64,
 batch 8 (512 tokens a step), 100K and 200K tokens per member. The members are too small and
 too short for a trustworthy fit: this config is for seeing what a sweep writes
 (docs/scaling.md), the CPU ladder and IsoFLOP configs are for results.
