@@ -77,8 +77,9 @@ def approach2(runs) -> dict | None:
     at least two budgets have such a valley. Runs are grouped by their `budget` (the nominal
     one the sweep sized them to; `C` when absent); C of a budget is its runs' counted FLOPs.
     `no_valley` lists the budgets left out because their loss has no minimum in log N (it
-    falls or rises across the sizes tried)."""
-    budgets, no_valley = {}, []
+    falls or rises across the sizes tried); `too_few` those with fewer than 3 distinct sizes
+    finished (no parabola can be fitted: a sweep still running, or members that failed)."""
+    budgets, no_valley, too_few = {}, [], []
     groups = {}
     for r in runs:
         groups.setdefault(r.get("budget", r["C"]), []).append(r)
@@ -86,6 +87,9 @@ def approach2(runs) -> dict | None:
         N, D, loss, counted = _arrays(at, "N", "D", "loss", "C")
         C = float(np.exp(np.mean(np.log(counted))))
         logN, logD = np.log(N), np.log(D)
+        if len(set(np.round(logN, 12))) < 3:
+            too_few.append(C)
+            continue
         n_min, d_min = parabola_minimum(logN, loss), parabola_minimum(logD, loss)
         if n_min is None or d_min is None or max(abs(n_min[0]), abs(d_min[0])) > 700:
             no_valley.append(C)  # or one so flat its vertex overflows exp (a resample)
@@ -102,7 +106,7 @@ def approach2(runs) -> dict | None:
     if not (np.isfinite([a, b]).all() and max(abs(log_kN), abs(log_kD)) < 700):
         return None
     return dict(budgets=budgets, fitted=fitted, a=float(a), b=float(b), kN=math.exp(log_kN),
-                kD=math.exp(log_kD), no_valley=no_valley)
+                kD=math.exp(log_kD), no_valley=no_valley, too_few=too_few)
 
 
 def approach2_optimum(f: dict, C: float):

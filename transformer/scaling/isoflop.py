@@ -160,6 +160,9 @@ def describe(fits) -> list[str]:
         for C in a2.get("no_valley", []):
             lines.append(f"| {C:.2g} | - | - | - | - | no valley: loss does not turn up "
                          "within the sizes tried; left out of the fit |")
+        for C in a2.get("too_few", []):
+            lines.append(f"| {C:.2g} | - | - | - | - | fewer than 3 sizes finished: no "
+                         "parabola; left out of the fit |")
         left_out = [C for C in a2["budgets"] if C not in a2["fitted"]]
         if left_out:
             lines += ["", f"The power laws below use {len(a2['fitted'])} of "

@@ -179,7 +179,8 @@ def plot_isoflop(runs, a2, a3, cost, out) -> Path:
         at = sorted((r for r in runs if r.get("budget", r["C"]) == budget), key=lambda r: r["N"])
         N = np.array([r["N"] for r in at], float)
         C, fitted = by_budget.get(budget, (budget, None))
-        note = "" if fitted or not a2 else " (no valley: not fitted)"
+        note = ("" if fitted or not a2 else " (fewer than 3 sizes: not fitted)"
+                if len(set(N)) < 3 else " (no valley: not fitted)")
         ax.plot(N, [r["loss"] for r in at], "o", color=color, label=f"C = {budget:.2g}{note}")
         if fitted:
             grid = np.geomspace(N.min() / 1.3, N.max() * 1.3, 100)
