@@ -343,6 +343,37 @@ def test_variants_name_members_and_the_report_fits_one_curve_per_group(tmp_path)
     assert fits["gpt2"]["L(N)"]["alpha"] == pytest.approx(0.3, abs=0.02)
 
 
+def test_an_allowed_change_keeps_the_finished_members_as_it_says(tmp_path, monkeypatch):
+    """--allow_change=base.train.batch_size prints "finished members are kept as they are",
+    but a change that alters a member's steps sent the finished member back to training,
+    where its checkpoint refused the changed config and the sweep stopped there. Finished
+    members are kept (train is not called for them); unfinished ones train. Training is
+    stubbed: only the bookkeeping runs."""
+    from transformer.data import tokenizers
+    from transformer.scaling.sweep import ladder, sweep_config
+    trained = []
+    monkeypatch.setattr("transformer.train.run.train", lambda config, workdir, **k: (
+        trained.append(Path(workdir).name), Path(workdir).mkdir(parents=True, exist_ok=True),
+        tokenizers.ByteTokenizer())[1:])
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    base.train.update(batch_size=4)
+    base.sample.max_new_tokens = 10
+    sweep = sweep_config(base, ladder([1, 2], aspect=16, head_dim=16), "tokens", [1000])
+    scaling.run(sweep, tmp_path, index=0, log=lambda s: None, progress=False)
+    first = scaling.members(sweep)[0].name
+    before = (tmp_path / first / "result.json").read_text()
+    changed = copy.deepcopy(sweep)
+    changed.base.train.batch_size = 2  # 16 steps where the finished member took 8
+    trained.clear()
+    lines = []
+    scaling.run(changed, tmp_path, log=lines.append, progress=False,
+                allow_change=["base.train.batch_size"])
+    assert trained == [scaling.members(changed)[1].name], lines
+    assert (tmp_path / first / "result.json").read_text() == before
+    assert any(first in line and "kept" in line for line in lines), lines
+
+
 class _Killed(BaseException):
     """What a SIGKILL mid-write leaves: the bytes written so far, nothing after."""
 

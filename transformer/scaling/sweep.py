@@ -258,6 +258,11 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
         if result and result["steps"] == m.config.train.steps:
             log(f"[{m.index + 1}/{len(all_members)}] {m.name}: finished, skipped")
             continue
+        if result and allowed:  # kept, as the allowed change promises: its checkpoint would
+            # refuse to resume under the changed config anyway (its steps, batch, ...)
+            log(f"[{m.index + 1}/{len(all_members)}] {m.name}: finished before the change "
+                f"({result['steps']} steps; {m.config.train.steps} now), kept")
+            continue
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
         started = time.perf_counter()
