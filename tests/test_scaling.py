@@ -232,6 +232,15 @@ def test_report_of_several_budgets_fits_loss_against_size_and_data(tmp_path):
     for name in ("loss_vs_params.png", "loss_vs_compute.png", "loss_curves.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
+    # A finished member without a finite val loss is in the table but in no fit: the report
+    # says so (it was dropped silently: neither fitted nor listed as unfinished).
+    (tmp_path / "run4" / "metrics.jsonl").write_text(json.dumps(
+        {"step": 10, "tokens": 4e6, "val_loss": float("nan")}) + "\n")
+    lines = []
+    fits = report_lib.report(tmp_path, log=lines.append)
+    assert "left out of the fits (val loss not finite): run4" in lines[0]
+    assert fits["L(N,D)"]["n_points"] == 8
+
 
 def _write_isoflop_runs(workdir, groups=("",), shift=0.0):
     """Finished members written by hand: 3 budgets × 5 sizes on a known L(N, D), C = 6ND."""

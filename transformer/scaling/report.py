@@ -168,6 +168,9 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     write_atomic(workdir / "fit.json", json.dumps(fits, indent=1, default=float))
     if missing:
         lines.append(f"not finished yet: {', '.join(missing)}")
+    no_loss = [r["name"] for r in rows if not math.isfinite(r["val_loss"])]
+    if no_loss:  # finished, in the table, but in no fit: say so
+        lines.append(f"left out of the fits (val loss not finite): {', '.join(no_loss)}")
     write_atomic(workdir / "report.md", "\n".join(lines) + "\n")
     lines.append("wrote " + ", ".join(str(p) for p in [workdir / "report.csv",
                                                          workdir / "report.md",
