@@ -182,6 +182,26 @@ def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_
     assert applied[8] == pytest.approx(1e-2 * 0.25, rel=1e-4)  # the floor, skip or not
 
 
+@pytest.mark.parametrize("nan_step", [3, 6])
+def test_every_line_counts_the_skipped_steps_up_to_its_own(tmp_path, nan_step):
+    """train.nonfinite=skip, a NaN batch at step 3 (mid-run) or 6 (the last) of 6, a line
+    every step: each line's skipped_steps counts the skipped steps up to and including its
+    own step, so the skipped step's line (lr 0) says 1, as does the checkpoint."""
+    from transformer import checkpoint
+    from transformer.train.faults import TestHooks
+    from transformer.train.metrics import MetricsLog
+
+    c = _config("copy", 6)
+    c.train.update(batch_size=4, warmup_steps=1, nonfinite="skip", log_every=1)
+    run.train(c, tmp_path, progress=False, log=lambda s: None, hooks=TestHooks(nan_step=nan_step))
+    lines = {m["step"]: m for m in MetricsLog(tmp_path).read() if "train_loss" in m}
+    assert sorted(lines) == [1, 2, 3, 4, 5, 6]
+    assert lines[nan_step]["lr"] == 0.0
+    for step, m in lines.items():
+        assert m["skipped_steps"] == int(step >= nan_step), (step, m)
+    assert checkpoint.load_run(tmp_path).meta["skipped_steps"] == 1
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_the_cpu_step_updates_params_and_optimizer_state_where_they_lie(optimizer):
     """The step's state is donated, so XLA updates params and moments in place. On CPU the

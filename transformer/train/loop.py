@@ -67,6 +67,9 @@ class Reporter:
             return
         done, metrics = self.pending
         self.pending = None
+        # The guard looks one step late, so step `done`'s own skip may be unchecked yet: check
+        # it now (its metrics are read here anyway), so that the line counts it.
+        self.guard.flush()
         metrics = jax.device_get(metrics)
         tokens_per_s = self.meter.tick(self.tokens_since)
         self.tokens_since = 0
