@@ -260,3 +260,62 @@ def test_a_vocabulary_the_mesh_cannot_split_evenly_is_refused_naming_the_padded_
     sharding.check_fits(config_lib.replace(config, **{"model.vocab_size": 258}), mesh)
     whole = config_lib.replace(config, **{"mesh.rules.vocab": ""})
     sharding.check_fits(whole, mesh)
+
+
+def test_a_model_the_mesh_cannot_split_is_refused_before_the_workdir_is_written(tmp_path):
+    """A batch of 3 rows on 2 devices (mesh.data=-1): one error line naming the numbers, exit
+    2, and the workdir not even created (bad input is refused before anything is written)."""
+    workdir = tmp_path / "run"
+    out = fork_run("train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+                   "--config.data.max_bytes=50000", "--config.train.batch_size=3",
+                   "--no_progress", cwd=ROOT, env=simulated_devices_env(2), timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: train.batch_size=3 is not divisible by 2"), line
+    assert not workdir.exists()
+
+
+def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_damage(tmp_path):
+    """Trained on one device with text's 257 ids (vocab_size=0: nothing to pad for), resumed
+    on mesh.tensor=2, which cannot split the checkpoint's 257 rows: one error line naming the
+    size and a fix that keeps the checkpoint (another mesh, or the vocabulary kept whole), exit
+    2, no checkpoint called damaged or moved aside; and that fix then resumes the run."""
+    workdir = tmp_path / "run"
+    common = ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+              "--config.data.max_bytes=50000", "--config.train.eval_every=1",
+              "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4",
+              "--no_progress"]
+    first = fork_run(*common, "--config.train.steps=1", cwd=ROOT,
+                     env=simulated_devices_env(1), timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = ["--config.train.steps=2", "--allow_change=train.steps", "--config.mesh.tensor=2"]
+    second = fork_run(*common, *more, cwd=ROOT, env=simulated_devices_env(2), timeout=300)
+    assert second.returncode == 2, second.stderr[-2000:]
+    [line] = second.stderr.strip().splitlines()
+    assert line.startswith("error: model.vocab_size=257 is not divisible by 2"), line
+    assert "--config.mesh.rules.vocab=" in line and "damaged" not in second.stderr
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
+    assert not (workdir / "checkpoints-damaged").exists()
+    third = fork_run(*common, *more, "--config.mesh.rules.vocab=", cwd=ROOT,
+                     env=simulated_devices_env(2), timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "resuming from step 1" in third.stdout
+
+
+def test_a_resume_may_change_the_batch_to_one_the_new_mesh_splits(tmp_path):
+    """Trained with batch 8 on one device, resumed on 3 devices with batch 6
+    (--allow_change=train.batch_size): no saved array depends on the batch, so the run
+    resumes; the old batch of 8, which 3 devices cannot split, is no reason to refuse it."""
+    workdir = tmp_path / "run"
+    common = ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+              "--config.data.max_bytes=50000", "--config.train.eval_every=100",
+              "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4",
+              "--no_progress"]
+    first = fork_run(*common, "--config.train.steps=1", cwd=ROOT,
+                     env=simulated_devices_env(1), timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = fork_run(*common, "--config.train.steps=2", "--config.train.batch_size=6",
+                      "--allow_change=train.steps,train.batch_size", cwd=ROOT,
+                      env=simulated_devices_env(3), timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from step 1" in second.stdout and "damaged" not in second.stderr

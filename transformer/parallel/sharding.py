@@ -95,8 +95,10 @@ def shards(mesh: Mesh, rules, logical: str) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def check_fits(config, mesh: Mesh) -> None:
-    """Refuses, with the numbers, sizes that the mesh would have to cut unevenly."""
+def check_fits(config, mesh: Mesh, checkpoint=None) -> None:
+    """Refuses, with the numbers, sizes that the mesh would have to cut unevenly.
+    `checkpoint`: the workdir whose checkpoint fixes the model's sizes (a resume), so that
+    the fix offered is another mesh, never another size."""
     rules = axis_rules(config)
     for logical, field in _SIZED_AXES:
         section, key = field.split(".")
@@ -109,7 +111,10 @@ def check_fits(config, mesh: Mesh) -> None:
         if size and size % n:
             axes = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in dict(rules)[logical])
             fix = f"change {field} or the mesh"
-            if logical == "vocab":  # padding rows are harmless: no token ever has those ids
+            if checkpoint is not None and section == "model":
+                fix = (f"the checkpoint in {checkpoint} fixes {key}: resume on a mesh that "
+                       f"splits it, or keep the axis whole with --config.mesh.rules.{logical}=")
+            elif logical == "vocab":  # padding rows are harmless: no token ever has those ids
                 fix = (f"pad it, --config.model.vocab_size={-(-size // n) * n} (ids past the "
                        "tokenizer's are never used; 0 pads the tokenizer's to fit the mesh), "
                        "or keep the vocabulary whole with --config.mesh.rules.vocab=")

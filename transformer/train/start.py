@@ -120,18 +120,48 @@ def find_checkpoint(workdir, config, mesh=None):
     if not checkpoint.directory(workdir).is_dir():
         return None, []
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    if not processes.from_process_0(ckpts.all_steps()):
+    steps = processes.from_process_0(ckpts.all_steps())
+    if not steps:
         return None, []
     here = config_lib.to_dict(config)["mesh"]
+    # The saved state's layout, on this mesh, with this run's batch (it shapes no saved array
+    # and may change on resume): what this run will split.
+    batch = {"train.batch_size": config.train.batch_size,
+             "train.grad_accum": config.train.grad_accum}
+
+    def on_this_mesh(saved: dict):
+        return config_lib.replace(config_lib.from_dict({**saved, "mesh": here}), **batch)
+
     damaged = []
     try:
+        _check_fits_checkpoint(ckpts, steps[-1], on_this_mesh, mesh, workdir)
         found = ckpts.restore_good(
-            lambda meta: abstract_checkpoint(
-                config_lib.from_dict({**meta["config"], "mesh": here}), mesh),
+            lambda meta: abstract_checkpoint(on_this_mesh(meta["config"]), mesh),
             on_damaged=damaged.append)
     finally:
         ckpts.close()
     return found, damaged
+
+
+def _check_fits_checkpoint(ckpts, step: int, on_this_mesh, mesh, workdir) -> None:
+    """Refuses in one line a mesh that cannot split the model saved at `step` (its sizes are
+    the checkpoint's: a vocabulary padded for another mesh, heads): restoring would fail in
+    every checkpoint alike, and restore_good would report each as damaged. Processes agree;
+    a meta that cannot be read leaves the verdict to restore_good (damage)."""
+    error = None
+    try:
+        config = on_this_mesh(ckpts.read_meta(step)["config"])
+    except Exception:  # noqa: BLE001 -- damaged: restore_good says so, and falls back
+        config = None
+    if config is not None:
+        try:
+            sharding.check_fits(config, sharding.make_mesh(config.mesh) if mesh is None
+                                else mesh, checkpoint=workdir)
+        except ConfigError as e:
+            error = e
+    if processes.max_over_processes(int(error is not None)):
+        raise ConfigError(str(error) if error is not None else f"{workdir}: its checkpoint "
+                          "does not fit this mesh (another process says why)")
 
 
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
@@ -152,6 +182,8 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
             raise ConfigError(f"train.steps={config.train.steps} is below the checkpoint's step "
                               f"{found.step} in {workdir}: pass train.steps >= {found.step} "
                               "to continue, or sample.py --step=N for an older checkpoint")
+    # Sizes the mesh cannot split: refused here, before claim() writes the workdir.
+    sharding.check_fits(config, sharding.make_mesh(config.mesh) if mesh is None else mesh)
     return Plan(Path(workdir), config, tokenizer, source, found, damaged, diffs)
 
 
