@@ -275,11 +275,8 @@ def test_a_model_the_mesh_cannot_split_is_refused_before_the_workdir_is_written(
     assert not workdir.exists()
 
 
-def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_damage(tmp_path):
-    """Trained on one device with text's 257 ids (vocab_size=0: nothing to pad for), resumed
-    on mesh.tensor=2, which cannot split the checkpoint's 257 rows: one error line naming the
-    size and a fix that keeps the checkpoint (another mesh, or the vocabulary kept whole), exit
-    2, no checkpoint called damaged or moved aside; and that fix then resumes the run."""
+def _one_step_on_one_device(tmp_path):
+    """A tiny run trained one step on one device: (its workdir, the arguments it ran with)."""
     workdir = tmp_path / "run"
     common = ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
               "--config.data.max_bytes=50000", "--config.train.eval_every=1",
@@ -288,6 +285,15 @@ def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_dam
     first = fork_run(*common, "--config.train.steps=1", cwd=ROOT,
                      env=simulated_devices_env(1), timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
+    return workdir, common
+
+
+def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_damage(tmp_path):
+    """Trained on one device with text's 257 ids (vocab_size=0: nothing to pad for), resumed
+    on mesh.tensor=2, which cannot split the checkpoint's 257 rows: one error line naming the
+    size and a fix that keeps the checkpoint (another mesh, or the vocabulary kept whole), exit
+    2, no checkpoint called damaged or moved aside; and that fix then resumes the run."""
+    workdir, common = _one_step_on_one_device(tmp_path)
     more = ["--config.train.steps=2", "--allow_change=train.steps", "--config.mesh.tensor=2"]
     second = fork_run(*common, *more, cwd=ROOT, env=simulated_devices_env(2), timeout=300)
     assert second.returncode == 2, second.stderr[-2000:]
@@ -306,14 +312,7 @@ def test_a_resume_may_change_the_batch_to_one_the_new_mesh_splits(tmp_path):
     """Trained with batch 8 on one device, resumed on 3 devices with batch 6
     (--allow_change=train.batch_size): no saved array depends on the batch, so the run
     resumes; the old batch of 8, which 3 devices cannot split, is no reason to refuse it."""
-    workdir = tmp_path / "run"
-    common = ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
-              "--config.data.max_bytes=50000", "--config.train.eval_every=100",
-              "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4",
-              "--no_progress"]
-    first = fork_run(*common, "--config.train.steps=1", cwd=ROOT,
-                     env=simulated_devices_env(1), timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
+    workdir, common = _one_step_on_one_device(tmp_path)
     second = fork_run(*common, "--config.train.steps=2", "--config.train.batch_size=6",
                       "--allow_change=train.steps,train.batch_size", cwd=ROOT,
                       env=simulated_devices_env(3), timeout=300)
