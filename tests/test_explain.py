@@ -74,3 +74,31 @@ def test_cli_refuses_a_long_text():
     from tests.conftest import fork_run
     result = fork_run("-m", "transformer", "explain", "--text=" + "x" * 40, cwd=ROOT, timeout=300)
     assert result.returncode == 2 and result.stderr.startswith("error:")
+
+
+def test_a_text_longer_than_the_context_is_refused_not_printed_as_nan(tmp_path):
+    # A run whose context (8) is shorter than the text (12 tokens, within explain's 16):
+    # past the context a learned position has no row, every number would be NaN.
+    from tests.conftest import fork_run
+    from tests.test_visualize import _fake_run
+    _fake_run(tmp_path / "run", max_seq_len=8)
+    result = fork_run("-m", "transformer", "explain", f"--workdir={tmp_path / 'run'}",
+                      "--text=hello world!", cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stdout[-500:]
+    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+    assert "nan" not in result.stdout
+
+
+def test_look_inside_refuses_tokens_past_the_context():
+    from transformer.generate.decode import PromptError
+    from transformer.generate.inside import look_inside
+    config = dataclasses.replace(SMALL, max_seq_len=8)
+    with pytest.raises(PromptError):
+        look_inside(config, init_params(config, jax.random.key(0)), list(range(9)))
+
+
+def test_a_nan_anywhere_fails_the_check():
+    ref = {"weights": np.eye(2), "out": np.eye(2)}
+    ours = {"weights": np.eye(2), "model_weights": np.eye(2), "out": np.full((2, 2), np.nan)}
+    assert not explain.agrees(ref, ours)
+    assert explain.agrees(ref, {**ours, "out": np.eye(2)})

@@ -93,10 +93,11 @@ def test_maps_of_chinese_and_russian_draw_without_glyph_warnings(tmp_path, monke
         assert (tmp_path / "map.png").stat().st_size > 5000
 
 
-def _fake_run(workdir: Path):
+def _fake_run(workdir: Path, max_seq_len: int = 32):
     """A checkpoint as training writes it (untrained params), without running training."""
     c = base_config()
-    c.model.update(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
+    c.model.update(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                   max_seq_len=max_seq_len)
     c.sample.max_new_tokens = 8
     c, _ = auto.resolve(c)  # a run saves the mode it trained in
     model_config = ModelConfig.from_config(c)

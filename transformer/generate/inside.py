@@ -98,6 +98,9 @@ def look_inside(model_config: ModelConfig, params, tokens: list[int]):
     Returns (weights_LHTT, logits_TV, intermediates): attention weights per layer (numpy,
     float32), the logits, and the raw per-layer intermediates (queries, keys, values, ...).
     """
+    T = len(tokens)
+    if not 0 < T <= model_config.max_seq_len:  # past it a learned position is NaN
+        raise PromptError(f"{T} tokens to look at: give 1 .. {model_config.max_seq_len}")
     config = _weights_config(model_config)
     params = unstack_layers(params, config.n_layers)
     tokens_1T = jnp.asarray([tokens], jnp.int32)

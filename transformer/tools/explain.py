@@ -91,9 +91,16 @@ def explain(model_config: ModelConfig, params, tokens: list[int], layer: int = 0
 
 
 def max_difference(ref: dict, ours: dict) -> float:
-    return max(float(np.abs(ours["weights"] - ref["weights"]).max()),
-               float(np.abs(ours["model_weights"] - ref["weights"]).max()),
-               float(np.abs(ours["out"] - ref["out"]).max()))
+    """The largest |difference|; NaN if any number is NaN (np.max keeps it, Python's max
+    would drop a NaN that is not first)."""
+    return float(np.max([np.abs(ours["weights"] - ref["weights"]).max(),
+                         np.abs(ours["model_weights"] - ref["weights"]).max(),
+                         np.abs(ours["out"] - ref["out"]).max()]))
+
+
+def agrees(ref: dict, ours: dict) -> bool:
+    """The check: every difference within TOLERANCE (a NaN anywhere is a disagreement)."""
+    return max_difference(ref, ours) <= TOLERANCE
 
 
 def _matrix(name, x, rows, cols=None):
@@ -157,11 +164,14 @@ def main(argv):
     else:
         model_config, params, tokenizer = None, None, tokenizers.ByteTokenizer()
     tokens = tokenizer.encode(f.text)
-    if not 0 < len(tokens) <= 16:
-        raise PromptError(f"--text is {len(tokens)} tokens: give 1 to 16 (it is printed as "
-                          "T x T tables)")
     if model_config is None:
         model_config, params, tokenizer = small_model()
+    # At most 16 (it is printed as T x T tables), and never past the model's context: past it
+    # a learned position table has no row (NaN everywhere) and RoPE was never trained.
+    most = min(16, model_config.max_seq_len)
+    if not 0 < len(tokens) <= most:
+        raise PromptError(f"--text is {len(tokens)} tokens: give 1 to {most} (it is printed as "
+                          f"T x T tables; the model's context is {model_config.max_seq_len})")
     if not 0 <= f.layer < model_config.n_layers:
         cli.fail(f"--layer={f.layer}: the model has layers 0..{model_config.n_layers - 1}")
     if not 0 <= f.head < model_config.n_heads:
@@ -169,7 +179,7 @@ def main(argv):
     ref, ours = explain(model_config, params, tokens, f.layer, f.head)
     print(report(ref, ours, token_labels(tokenizer, tokens), f.layer, f.head, model_config,
                  f.dims))
-    if max_difference(ref, ours) > TOLERANCE:
+    if not agrees(ref, ours):
         cli.fail("the project's attention disagrees with the NumPy arithmetic", status=1)
 
 
