@@ -25,6 +25,16 @@ def test_device_check_fails_when_the_bench_fails():
     assert result.stdout.rstrip().endswith("device check: bench FAILED")
 
 
+def test_a_relative_bench_config_is_read_from_where_the_command_runs(tmp_path):
+    # The bench runs from the checkout; a config named relative to the user's folder must
+    # still be the one it reads (this one stops the bench at once, saying it was read).
+    (tmp_path / "mine.py").write_text("def get_config():\n    raise ValueError('mine.py was read')\n")
+    result = run_cli("-m", "transformer", "device_check", "--notests", "--bench_config=mine.py",
+                     cwd=tmp_path)
+    assert "mine.py was read" in result.stderr, result.stderr[-2000:]
+    assert "No such file" not in result.stderr
+
+
 def test_device_check_without_pytest_says_to_install_the_test_extra():
     hide_pytest = ("import importlib.util as u, runpy, sys; real = u.find_spec; "
                    "u.find_spec = lambda n, *a: None if n in ('pytest', 'xdist') else real(n, *a); "

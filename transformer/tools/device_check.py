@@ -80,10 +80,17 @@ def run_tests() -> bool:
     return result.returncode == 0
 
 
+def config_path(value: str) -> str:
+    """--bench_config as the bench (run from the checkout) finds it: a file relative to where
+    this command runs made absolute (a `:override` tail, as config files take, kept)."""
+    path, colon, rest = value.partition(":")
+    return os.path.abspath(path) + colon + rest if os.path.isfile(path) else value
+
+
 def bench_command(kind: str) -> list[str]:
     cmd = [sys.executable, "-m", "transformer", "bench", "--modes=bf16", "--no_peer", "--json"]
     if _BENCH_CONFIG.value:
-        return cmd + [f"--config={_BENCH_CONFIG.value}"]
+        return cmd + [f"--config={config_path(_BENCH_CONFIG.value)}"]
     return cmd + (_CPU_SMOKE if kind == "cpu" else ["--config=configs/gpt2_small.py"])
 
 
