@@ -95,6 +95,17 @@ def test_sizes_text_and_errors():
     assert missing.returncode == 2 and missing.stderr.startswith("error: --config")
 
 
+@pytest.mark.parametrize("batch", ["0", "-3"])
+def test_sizes_refuses_a_batch_that_is_not_positive(batch):
+    # --batch=0 is no batch at all: refused, not read as "the config's batch size"
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "sizes", "--config=configs/tiny.py",
+                      f"--batch={batch}", cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.startswith(f"error: --batch={batch}")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("mlp,kv_heads", [("gelu", 0), ("swiglu", 2)])
 def test_remat_dots_keeps_the_projection_outputs_jax_saves(mlp, kv_heads):
     """remat=dots keeps, per layer and token, the outputs of Q (H·K), K and V (G·K each),

@@ -39,7 +39,7 @@ def _main():
             cli.fail("--config=PATH is required, e.g. --config=configs/gpt3_175b.py")
         config = validate(cli.config_value(config_flag))
         c = model_config_of(config)
-        batch = batch_flag.value or config.train.batch_size
+        batch = config.train.batch_size if batch_flag.value is None else batch_flag.value
         if batch <= 0:
             cli.fail(f"--batch={batch}: must be a positive integer")
         if json_flag.value:
