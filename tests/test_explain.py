@@ -102,3 +102,13 @@ def test_a_nan_anywhere_fails_the_check():
     ours = {"weights": np.eye(2), "model_weights": np.eye(2), "out": np.full((2, 2), np.nan)}
     assert not explain.agrees(ref, ours)
     assert explain.agrees(ref, {**ours, "out": np.eye(2)})
+
+
+@pytest.mark.parametrize("dims", ["0", "-2"])
+def test_cli_refuses_dims_below_one(dims):
+    # -2 printed 6 of 8 dimensions headed "dims 0..-3"; 0 printed empty tables
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "explain", "--text=ab", f"--dims={dims}", cwd=ROOT,
+                      timeout=300)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: --dims={dims}")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -159,6 +159,8 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     f = flags.FLAGS
+    if f.dims < 1:
+        cli.fail(f"--dims={f.dims}: must be at least 1")
     if f.workdir:
         model_config, params, tokenizer, _ = load_run(f.workdir)
     else:
