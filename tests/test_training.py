@@ -288,6 +288,28 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
             config_lib.validate(config_lib.replace(c, **{"train.profile": bad}))
 
 
+def test_trace_counts_a_conds_body_once_not_the_cond_too(tmp_path):
+    """A cond's event spans the ops it ran (here one on its own thread, one on another): op
+    time is the ops' time, and the cond is not listed as an op of its own."""
+    import gzip
+    import json
+
+    from transformer.tools import trace
+
+    def op(name, ts, dur, tid, run="1"):
+        return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name,
+                "args": {"hlo_module": "jit_step", "hlo_op": name, "run_id": run}}
+
+    events = [op("dot.1", 0, 100, 1), op("cond.7", 100, 400, 1), op("add_fusion.2", 150, 200, 1),
+              op("ynn_fusion.3", 120, 300, 2), op("copy.4", 500, 50, 1)]
+    path = tmp_path / "host.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    summary = trace.summarize(path)
+    assert summary["op_ms"] == pytest.approx((100 + 200 + 300 + 50) / 1000)
+    assert "cond.7" not in dict(summary["ops"])
+    assert summary["wall_ms"] == pytest.approx(550 / 1000) and summary["executions"] == 1
+
+
 def test_the_final_evaluation_covers_every_validation_window_once(tmp_path):
     """evaluate(..., batches=0), what the last step reports by default (train.final_eval_batches
     = 0): the mean loss over every window of the validation split, here computed window by

@@ -8,7 +8,8 @@ Reads the `<host>.trace.json.gz` that jax.profiler wrote under <workdir>/plugins
 (train/profile.py) and sums the duration of every XLA op of the most expensive compiled
 program (the train step), per execution of it: the wall time of one execution, the op time
 (summed over the threads that ran ops, so it can exceed the wall time), the op time by kind,
-and the top ops by name. An op's name is its HLO instruction (e.g. `ynn_fusion.212`); what
+and the top ops by name. Control flow (the cond around the optimizer update, a while loop) is
+no op of its own: its span is the ops it ran, each counted already. An op's name is its HLO instruction (e.g. `ynn_fusion.212`); what
 it computes is in the compiled program's text (`jax.jit(f).lower(...).compile().as_text()`,
 whose metadata op_name names the layer). Perfetto and TensorBoard show the same trace
 interactively (docs/performance.md).
@@ -58,6 +59,26 @@ def newest_trace(path) -> Path:
     return found[-1]
 
 
+def containers(ops) -> set[int]:
+    """The ids of op events that hold other op events on their own thread: control flow
+    (a `lax.cond`'s conditional, a while loop), whose span is the time of the ops it ran,
+    each of which the trace also records (on this thread or others). A kernel never holds
+    another event, so counting a container too would count its body twice."""
+    held, by_thread = set(), collections.defaultdict(list)
+    for e in ops:
+        by_thread[e.get("pid"), e.get("tid")].append(e)
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ = []  # the enclosing events still running at the current one's start
+        for e in events:
+            while open_ and open_[-1]["ts"] + open_[-1]["dur"] <= e["ts"]:
+                open_.pop()
+            if open_ and e["ts"] + e["dur"] <= open_[-1]["ts"] + open_[-1]["dur"]:
+                held.add(id(open_[-1]))
+            open_.append(e)
+    return held
+
+
 def summarize(trace_file, top: int = 15) -> dict:
     """{"program", "executions", "wall_ms", "op_ms", "kinds": {kind: ms}, "ops": [(name, ms)]},
     every time per execution of the program that spent the most op time."""
@@ -71,8 +92,11 @@ def summarize(trace_file, top: int = 15) -> dict:
         raise ConfigError(f"{trace_file}: the trace holds no XLA op events")
     program = by_program.most_common(1)[0][0]
     ops = [e for e in ops if e["args"].get("hlo_module", "") == program]
+    held = containers(ops)
+    runs_of_program = ops  # a container still bounds its execution's wall time
+    ops = [e for e in ops if id(e) not in held]
     runs = collections.defaultdict(list)
-    for e in ops:
+    for e in runs_of_program:
         runs[e["args"].get("run_id", "")].append(e)
     n = len(runs)
     wall = sum(max(e["ts"] + e["dur"] for e in r) - min(e["ts"] for e in r)
