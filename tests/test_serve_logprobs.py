@@ -113,3 +113,24 @@ def _unfinished(data: bytes) -> bool:
             except UnicodeDecodeError as e:
                 return e.start == 0 and e.reason == "unexpected end of data"
     return False
+
+
+def test_inspect_lays_out_a_text_as_pieces_that_join_into_it():
+    """/v1/inspect's tokens are what the page lays out: each token's share of the text, so a
+    Cyrillic or Chinese character (2-3 byte tokens) reads as itself, not as one U+FFFD per
+    byte, and the pieces join into the text; the next-token list names a partial character
+    by its bytes, as logprobs do, so two different bytes do not look alike."""
+    from types import SimpleNamespace
+
+    from transformer.data import tokenizers
+    from transformer.serve.engine import Engine
+    from transformer.serve.tokens import TokenNames
+
+    tokenizer = tokenizers.ByteTokenizer()
+    text = "лиса fox é中"
+    ids = tokenizer.encode(text)
+    laid_out = Engine.inspect_tokens(SimpleNamespace(tokenizer=tokenizer,
+                                                     names=TokenNames(tokenizer)), ids)
+    assert laid_out["ids"] == ids and len(laid_out["tokens"]) == len(ids)
+    assert "".join(laid_out["tokens"]) == text
+    assert laid_out["tokens"][:2] == ["", "л"]

@@ -394,8 +394,10 @@ class Engine:
         return tokens.TokenNames(self.tokenizer)
 
     def inspect_tokens(self, ids) -> dict:
-        """The tokens of a text as the page lays them out (each one's own decoding)."""
-        return {"tokens": [self.tokenizer.decode([t]) for t in ids], "ids": list(ids)}
+        """The tokens of a text as the page lays them out: each one's share of the text
+        (tokens.TokenNames.pieces; decoded alone, every byte of a 2-4 byte character was a
+        U+FFFD), so that they join into the text."""
+        return {"tokens": self.names.pieces(ids), "ids": list(ids)}
 
     def inspect(self, ids, query: int, top: int = 8) -> dict:
         """What the page shows for token `query` of a text (at most max_seq_len ids): its row
@@ -412,7 +414,7 @@ class Engine:
             "query": query,
             "attention": np.round(weights_LHTT[:, :, query, :query + 1].astype(np.float64),
                                   4).tolist(),
-            "next": [{"token": self.tokenizer.decode([int(i)]), "id": int(i),
+            "next": [{"token": self.names(int(i)), "id": int(i),  # as logprobs name it
                       "prob": round(float(probs_V[i]), 5)} for i in best_K]}
 
     # --- start-up ---------------------------------------------------------------------------

@@ -78,6 +78,17 @@ class TokenNames:
             done += len(decoder.decode(self._bytes(int(i)) or b""))
         return out
 
+    def pieces(self, ids) -> list[str]:
+        """Each token's share of the text of `ids`: the characters its bytes complete (a
+        UTF-8 decoder fed token by token), so that the pieces join into the text; a token
+        that starts a character of several bytes is "", the one that ends it holds it. A
+        special token (no bytes) is its name."""
+        decoder, out = codecs.getincrementaldecoder("utf-8")(errors="replace"), []
+        for i in ids:
+            raw = self._bytes(int(i))
+            out.append(self(i) if raw is None else decoder.decode(raw))
+        return out
+
     def top(self, ids, values) -> dict:
         """OpenAI's top_logprobs entry: name -> log-probability, likeliest first. Two tokens
         with one name (only possible for special or unmapped tokens) are kept apart by id."""
