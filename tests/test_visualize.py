@@ -159,3 +159,13 @@ def test_cli_with_an_out_that_cannot_be_a_folder_is_one_error_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("error: --out=") and "is a file" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_next_token_candidates_that_are_parts_of_a_character_look_different():
+    from transformer.data import tokenizers
+    tokenizer = tokenizers.ByteTokenizer()
+    ids = [0xD0, 0xD1, ord("a"), ord("\n")]  # the first bytes of two Cyrillic letters
+    from transformer.tools import visualize
+    labels = visualize.next_token_labels(tokenizer, ids)
+    assert len(set(labels)) == 4 and "\ufffd" not in "".join(labels)
+    assert labels[2:] == ["a", "↵"]

@@ -9,6 +9,7 @@ writes into --out (default: <workdir>/attention/step_<N>, N the checkpoint's ste
                              labelled once; CJK needs a CJK font (apt install fonts-wqy-zenhei),
                              else its characters are labelled U+XXXX
     next_token.png           the most likely next tokens after the prompt, with probabilities
+                             (a part of a character named by its bytes, `bytes:\\xd0`)
 
 The weights come from the model itself (generate/inside.py, the pass the server's page shows
 too): `GPT.apply(..., mutable=["intermediates"])` returns
@@ -67,6 +68,15 @@ def token_labels(tokenizer, tokens: list[int]) -> list[str]:
         labels += [CONTINUED] * (n - 1)
         i += n
     return labels
+
+
+def next_token_labels(tokenizer, ids) -> list[str]:
+    """A label per candidate next token: its text, or a part of a character named by its
+    bytes (`bytes:\\xd0`, as the server's logprobs name it); decoded alone every such byte
+    was the same U+FFFD, so the candidates after half a character all looked alike."""
+    from transformer.serve.tokens import TokenNames
+    names = TokenNames(tokenizer)
+    return [_printable(names(t)) for t in ids]
 
 
 def _printable(text: str) -> str:
@@ -186,7 +196,7 @@ def plot_next_token(logits_V, tokenizer, prompt, path, top=15):
     probs_V = np.asarray(jax.nn.softmax(jnp.asarray(logits_V, jnp.float32)))
     best = np.argsort(-probs_V)[:top]
     families, _ = _fonts()
-    labels = [drawable(_printable(tokenizer.decode([t]))) for t in best.tolist()]
+    labels = [drawable(label) for label in next_token_labels(tokenizer, best.tolist())]
     fig, ax = plt.subplots(figsize=(6, 0.3 * top + 1.2))
     ax.barh(range(top)[::-1], probs_V[best], color="tab:blue")
     ax.set_yticks(range(top)[::-1], labels, family=families)
