@@ -74,6 +74,22 @@ def test_matmul_custom_backward_equals_autodiff():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("d_model", [63, 64])
+def test_the_tied_head_trains_in_bf16_at_an_odd_width(d_model):
+    """The tied head multiplies by the embedding transposed (dense.transposed). At an odd
+    d_model that was a plain `.T`, which XLA-CPU folds into a bfloat16 dot its DotThunk cannot
+    run ("Unsupported element type ... BF16 x BF16 = F32"): `train.py --config.model.n_heads=3
+    --config.model.d_model=63`, the fix the d_model error suggested, crashed at its first step."""
+    x = jax.random.normal(jax.random.key(0), (2, 8, d_model))
+    w = jax.random.normal(jax.random.key(1), (257, d_model))  # [V, D] as the embedding
+    f = lambda x, w: jnp.sum(dense.matmul(x, dense.transposed(w), "bfloat16") ** 2)  # noqa: E731
+    bf = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+    ref = lambda x, w: jnp.sum((bf(x) @ bf(w).T) ** 2)  # noqa: E731
+    got = jax.jit(jax.grad(f, (0, 1)))(x, w)
+    for g, r in zip(got, jax.grad(ref, (0, 1))(x, w)):
+        assert float(jnp.linalg.norm(g - r)) <= 0.02 * float(jnp.linalg.norm(r))
+
+
 @pytest.mark.parametrize("mode", ["fast_f32", "fast_bf16"])
 def test_cached_decoding_matches_the_full_forward_in_fast_modes(setup, mode):
     config, params, tokens, _ = setup

@@ -69,10 +69,12 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 def transposed(w_IO):
     """W^T as an array of its own. `dy @ w.T` gets folded into a dot that reads W transposed,
     which in bfloat16 ran several times slower than this layout (docs/performance.md); a
-    transpose between two reshapes is not folded."""
+    transpose between two reshapes is not folded. An odd O cannot be split so: there the
+    barrier keeps the `.T` out of the dot; folded, a bfloat16 dot with a float32 result is
+    one XLA-CPU's DotThunk cannot run at all (a tied head at an odd d_model crashed)."""
     I, O = w_IO.shape
     if O % 2:
-        return w_IO.T
+        return jax.lax.optimization_barrier(w_IO.T)
     return w_IO.reshape(I, 2, O // 2).transpose(1, 2, 0).reshape(O, I)
 
 
