@@ -1,6 +1,7 @@
 """Configs are data; bad values are refused at start-up with the field named."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,21 @@ def test_invalid_values_name_the_field(section, field, value, match):
         c[section][field] = value
     with pytest.raises(ConfigError, match=match):
         validate(c)
+
+
+@pytest.mark.parametrize("position,n_heads,d_model", [("learned", 3, 64), ("rope", 5, 64),
+                                                      ("rope", 3, 64), ("learned", 4, 102)])
+def test_the_d_model_the_error_suggests_is_valid(position, n_heads, d_model):
+    """`try d_model=N` must name a width that passes: with rope one of an even head dim (5
+    heads of 64 suggested 65, head dim 13, which the rope check then refused)."""
+    c = base_config()
+    c.model.update(position=position, n_heads=n_heads, d_model=d_model)
+    with pytest.raises(ConfigError, match="try d_model=") as refused:
+        validate(c)
+    suggested = int(re.search(r"try d_model=(\d+)", str(refused.value)).group(1))
+    c.model.d_model = suggested
+    validate(c)
+    assert abs(suggested - d_model) <= 2 * n_heads
 
 
 def test_unknown_keys_are_refused():

@@ -151,9 +151,10 @@ def _check_fields(config) -> None:
 def _check_model(m) -> None:
     """Model fields that must agree with each other."""
     if m.d_model % m.n_heads:
+        step = m.n_heads * (2 if m.position == "rope" else 1)  # rope: an even head dim too
         _fail("model.d_model", m.d_model,
               f"must be divisible by model.n_heads={m.n_heads}; "
-              f"try d_model={m.n_heads * max(1, round(m.d_model / m.n_heads))}")
+              f"try d_model={step * max(1, round(m.d_model / step))}")
     if m.n_kv_heads < 0 or (m.n_kv_heads and m.n_heads % m.n_kv_heads):
         divisors = [k for k in range(1, m.n_heads + 1) if m.n_heads % k == 0]
         _fail("model.n_kv_heads", m.n_kv_heads,
