@@ -6,6 +6,8 @@ of 2 devices joined through jax.distributed against one process of 4 devices.
 """
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _abstract_mesh(shape):
     return AbstractMesh(shape, sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+@pytest.mark.parametrize("sizes,n", [((2, 2, 2), 1), ((2, 2, 2), 4), ((-1, 2, 2), 1),
+                                     ((3, -1, 1), 8), ((1, 3, 2), 4), ((-1, 3, 1), 4)])
+def test_the_mesh_fix_the_error_names_works(sizes, n):
+    """Following the refusal's words must give a mesh that fits: "set one axis to -1" with
+    2 x 2 x 2 on one device was refused again (the fixed axes take 4 devices), and "does
+    not divide the devices" said no fix at all."""
+    mesh = base_config().mesh
+    mesh.update(**dict(zip(sharding.MESH_AXES, sizes)))
+    with pytest.raises(ConfigError) as refused:
+        sharding.mesh_shape(mesh, n)
+    fix = re.search(r"(?:set|e\.g\.) (mesh\.\w+=-?\d+(?:, mesh\.\w+=-?\d+)*)", str(refused.value))
+    assert fix, str(refused.value)
+    for assignment in fix.group(1).split(", "):
+        axis, value = assignment.removeprefix("mesh.").split("=")
+        mesh[axis] = int(value)
+    assert math.prod(sharding.mesh_shape(mesh, n)) == n
 
 
 def test_mesh_sizes_resolve_and_bad_ones_name_the_numbers():

@@ -51,13 +51,27 @@ def mesh_shape(mesh_config, n_devices: int) -> tuple[int, ...]:
     if -1 in sizes:
         if n_devices % known:
             raise ConfigError(f"{named}: the fixed axes take {known} devices, which does not "
-                              f"divide the {n_devices} devices here")
+                              f"divide the {n_devices} devices here; "
+                              f"{_mesh_fix(sizes, n_devices)}")
         sizes[sizes.index(-1)] = n_devices // known
     if math.prod(sizes) != n_devices:
         raise ConfigError(f"{named}: {' x '.join(map(str, sizes))} = {math.prod(sizes)} devices, "
-                          f"but there are {n_devices}; make the product {n_devices} or set one "
-                          "axis to -1")
+                          f"but there are {n_devices}; make the product {n_devices}, "
+                          f"{_mesh_fix(sizes, n_devices)}")
     return tuple(sizes)
+
+
+def _mesh_fix(sizes: list[int], n_devices: int) -> str:
+    """One change that makes the mesh fit: an axis to -1 where none is and the others' product
+    divides the devices, a fixed axis to 1 where one is -1, else every device on data."""
+    for i, axis in enumerate(MESH_AXES):
+        if sizes[i] in (-1, 1):
+            continue
+        rest = [1 if j == i else s for j, s in enumerate(sizes)] if -1 in sizes else \
+            [s for j, s in enumerate(sizes) if j != i]
+        if n_devices % math.prod(s for s in rest if s != -1) == 0:
+            return f"e.g. set mesh.{axis}={1 if -1 in sizes else -1}"
+    return f"e.g. set mesh.data={n_devices}, mesh.fsdp=1, mesh.tensor=1 (every device on data)"
 
 
 def make_mesh(mesh_config, devices=None) -> Mesh:
