@@ -115,6 +115,28 @@ def test_resume_rules_follow_the_numerics():
         resume.check({"model.d_model": (64, 32)}, allowed=(), workdir="runs/x")
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_matmul_change_is_allowed_by_the_flags_docs_resume_names(optimizer):
+    """docs/resume.md: a run moved to or from fast_bf16 continues with
+    --allow_change=model.matmul. train.muon_ns_dtype=auto resolves after the matmul mode, so
+    the saved config differs there too; under AdamW that field computes nothing, and naming
+    it was required all the same (configs/tiny.py on another CPU was refused twice). Under
+    Muon it does change the arithmetic: the message and docs name both fields."""
+    def resolved(matmul):
+        c = config_lib.replace(base_config(), **{"model.matmul": matmul,
+                                                 "train.optimizer": optimizer})
+        return config_lib.to_dict(start.resolve_config(c)[0])
+
+    changed = resume.differences(resolved("fast_bf16"), resolved("fast_f32"))
+    if optimizer == "adamw":
+        resume.check(changed, allowed={"model.matmul"}, workdir="runs/x")
+    else:
+        with pytest.raises(config_lib.ConfigError,
+                           match="allow_change=model.matmul,train.muon_ns_dtype"):
+            resume.check(changed, allowed=(), workdir="runs/x")
+        resume.check(changed, allowed={"model.matmul", "train.muon_ns_dtype"}, workdir="runs/x")
+
+
 def test_the_fields_command_lists_every_field_with_default_allowed_values_and_meaning():
     from pathlib import Path
 

@@ -36,6 +36,8 @@ def differences(saved: dict, current: dict) -> dict:
     diffs = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
     if set(diffs.get("model.matmul", ())) <= set(fields.FLOAT32_MATMULS):
         diffs.pop("model.matmul", None)  # the same float32 arithmetic: not a difference
+    if current.get("train.optimizer") != "muon":  # no Newton-Schulz steps to compute in it;
+        diffs.pop("train.muon_ns_dtype", None)  # auto follows model.matmul even so
     return diffs
 
 
