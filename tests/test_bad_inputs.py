@@ -80,6 +80,8 @@ ROWS = [
      ["--config.model.d_ff=128", "--allow_change=model.d_ff"], "cannot change", "trained"),
     ("--allow_change of no field", "train", ["--allow_change=train.nope"], "no such config field",
      "trained"),
+    ("--allow_change of no field on a fresh run", "train", ["--allow_change=train.step"],
+     "no such config field", "fresh"),
     ("sample: no workdir given", "sample", [], "workdir", None),
     ("sample: missing workdir", "sample", ["--workdir={W}"], "no such folder", "fresh"),
     ("mistyped field", "train", ["--config.train.step=5"], "did you mean --config.train.steps?",

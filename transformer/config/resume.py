@@ -53,11 +53,7 @@ def computing_differently(diffs: dict) -> str | None:
 
 def check(diffs: dict, allowed, workdir) -> None:
     """Raises ConfigError naming the differing fields unless each is free or allowed."""
-    allowed = set(allowed or ())
-    unknown = sorted(allowed - set(fields.BY_NAME))
-    if unknown:
-        raise ConfigError(f"--allow_change={unknown[0]}: no such config field; name fields as "
-                          "section.field, e.g. --allow_change=train.steps")
+    allowed = check_names(allowed)
     fixed = {k: v for k, v in diffs.items() if k in FIXED}
     if fixed:
         raise ConfigError(f"{workdir} holds a checkpoint of another model or tokenizer "
@@ -69,6 +65,17 @@ def check(diffs: dict, allowed, workdir) -> None:
         raise ConfigError(f"{workdir} was trained with a different config ({_describe(refused)}): "
                           f"rerun with the saved values, use a new --workdir, or pass "
                           f"--allow_change={names} to continue with the change")
+
+
+def check_names(allowed) -> set:
+    """The --allow_change names as a set; a name that is no field is refused, on a fresh run
+    too (a typo there would otherwise surface only at the resume it was meant for)."""
+    allowed = set(allowed or ())
+    unknown = sorted(allowed - set(fields.BY_NAME))
+    if unknown:
+        raise ConfigError(f"--allow_change={unknown[0]}: no such config field; name fields as "
+                          "section.field, e.g. --allow_change=train.steps")
+    return allowed
 
 
 def _describe(diffs: dict) -> str:

@@ -166,6 +166,7 @@ def _check_fits_checkpoint(ckpts, step: int, on_this_mesh, mesh, workdir) -> Non
 
 def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     """Reads the workdir and the data and checks everything that needs no write."""
+    resume.check_names(allow_change)
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
     if found:  # the run's own tokenizer, saved with it
