@@ -4,7 +4,8 @@ Every `python ...` command in README.md and docs/*.md is extracted. For each: th
 module exists, every `--flag` is a flag that program defines, every `--config.a.b` names a
 declared config field, and every file under configs/ it names exists. The cheap commands
 (those that read no run and train nothing) are run for real and must exit 0. Paths to the
-project's own files mentioned anywhere in the docs must exist.
+project's own files mentioned anywhere in the docs must exist. A field set in prose
+(`model.norm=rmsnorm`, in the docs or a config's docstring) exists and takes that value.
 """
 
 import re
@@ -172,3 +173,22 @@ def test_quick_start_and_sizes_pages_state_the_counts_of_todays_code():
     assert result.returncode == 0, result.stderr
     params = next(line for line in result.stdout.splitlines() if line.startswith("params:"))
     assert params in printed, (params, printed[:300])
+
+
+def test_fields_set_in_prose_exist_and_take_the_value_written():
+    """`model.norm=rmsnorm`, `train.lr_base_width=96`, `--config.model.matmul=fast_bf16` ...
+    written anywhere in the docs or in a config file's docstring (commands are checked above,
+    names only): the field exists and, where it has a fixed set of values, the value is one."""
+    problems, checked = [], 0
+    pages = [*PAGES, *sorted((ROOT / "configs").rglob("*.py"))]
+    for page in pages:
+        for name, value in re.findall(
+                r"(?<![\w/-])(?:--config\.)?((?:model|data|train|mesh|sample)\.[a-z_]+"
+                r"(?:\.[a-z_]+)?)=([\w.+-]*)", page.read_text()):
+            checked += 1
+            field = fields.BY_NAME.get(name)
+            if field is None:
+                problems.append(f"{page.name}: {name}: no such config field")
+            elif field.choices and value and value not in field.choices:
+                problems.append(f"{page.name}: {name}={value}: not one of {field.choices}")
+    assert checked >= 100 and not problems, problems
