@@ -1,6 +1,6 @@
 """The README and docs/ are the user's manual: their commands must work as written.
 
-Every `python ...` command in README.md and docs/*.md is extracted. For each: the script or
+Every `python ...` command in README.md, docs/*.md and the configs' docstrings is extracted. For each: the script or
 module exists, every `--flag` is a flag that program defines, every `--config.a.b` names a
 declared config field, and every file under configs/ it names exists. The cheap commands
 (those that read no run and train nothing) are run for real and must exit 0. Paths to the
@@ -18,6 +18,7 @@ from tests.conftest import ROOT, run_cli
 from transformer.config import fields
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CONFIG_FILES = sorted((ROOT / "configs").rglob("*.py"))  # their docstrings show commands too
 
 
 def cheap(cmd: str) -> bool:
@@ -29,7 +30,7 @@ def cheap(cmd: str) -> bool:
 def commands() -> list[tuple[str, str]]:
     """(page name, command line) for every python command in the docs."""
     out = []
-    for page in PAGES:
+    for page in [*PAGES, *CONFIG_FILES]:
         text = re.sub(r"\\\n\s*", " ", page.read_text())  # join continuation lines
         for line in text.splitlines():
             line = line.strip().lstrip("$").strip()
@@ -180,8 +181,7 @@ def test_fields_set_in_prose_exist_and_take_the_value_written():
     written anywhere in the docs or in a config file's docstring (commands are checked above,
     names only): the field exists and, where it has a fixed set of values, the value is one."""
     problems, checked = [], 0
-    pages = [*PAGES, *sorted((ROOT / "configs").rglob("*.py"))]
-    for page in pages:
+    for page in [*PAGES, *CONFIG_FILES]:
         for name, value in re.findall(
                 r"(?<![\w/-])(?:--config\.)?((?:model|data|train|mesh|sample)\.[a-z_]+"
                 r"(?:\.[a-z_]+)?)=([\w.+-]*)", page.read_text()):
