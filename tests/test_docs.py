@@ -192,3 +192,19 @@ def test_fields_set_in_prose_exist_and_take_the_value_written():
             elif field.choices and value and value not in field.choices:
                 problems.append(f"{page.name}: {name}={value}: not one of {field.choices}")
     assert checked >= 100 and not problems, problems
+
+
+def test_the_quick_start_pages_state_the_default_configs_optimizer():
+    """README.md and docs/quickstart.md spell out configs/default.py's Adam betas and Muon
+    settings; quickstart.md still said beta1 0.9 after the config moved to 0.8 (row 19)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_default", ROOT / "configs" / "default.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    t = module.get_config().train
+    quick = (ROOT / "docs" / "quickstart.md").read_text().split("## The goal")[0]
+    readme = (ROOT / "README.md").read_text().split("## Using it")[0]
+    assert f"betas ({t.b1:g}, {t.b2:g})" in " ".join(quick.split())
+    assert f"betas {t.b1:g}/{t.b2:g}" in readme
+    assert f"Muon at lr {t.muon_lr:g} with momentum {t.muon_momentum:g}" in " ".join(quick.split())
+    assert f"{t.steps} steps" in quick and f"{t.steps}" in readme
