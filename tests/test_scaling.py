@@ -155,6 +155,22 @@ def _scaling(*args, env=None):
                     timeout=600, env=None if env is None else {**os.environ, **env})
 
 
+@pytest.mark.parametrize("override", ["--sweep.base.train.steps=3",
+                                      "--sweep.base.model.d_model=32"])
+def test_an_override_each_member_replaces_is_refused(tmp_path, override):
+    """A member's steps come from its budget and its shape from sweep.sizes:
+    --sweep.base.train.steps=3 (what `--sweep.base.train.stepz` is told it meant) trained
+    every member for its budget's steps all the same, saying nothing."""
+    sweep_file = tmp_path / "tiny_sweep.py"
+    sweep_file.write_text(TINY_SWEEP)
+    result = _scaling(f"--sweep={sweep_file}", f"--workdir={tmp_path / 'sweep'}", override,
+                      "--index=0")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "each member's" in lines[0], \
+        result.stderr[-2000:]
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
     sweep_file = tmp_path / "tiny_sweep.py"
     sweep_file.write_text(TINY_SWEEP)

@@ -15,9 +15,27 @@ training it.
 from __future__ import annotations
 
 import math
+import sys
 
 from transformer.scaling.report import predict, report
 from transformer.scaling.sweep import run
+
+
+def _refuse_overrides_the_members_replace(sweep, argv) -> None:
+    """Each member's train.steps comes from its budget and its size fields from its entry in
+    sweep.sizes, whatever sweep.base holds: an override of those in --sweep.base (which the
+    unknown-field message may suggest, e.g. for --sweep.base.train.stepz) was ignored
+    silently. One line instead, naming what does set them."""
+    from transformer import cli
+    replaced = {"train.steps"} | {f"model.{k}" for size in sweep.sizes for k in size
+                                  if k != "name"}
+    for arg in argv[1:]:
+        name = arg.split("=", 1)[0].removeprefix("--sweep.base.")
+        if arg.startswith("--sweep.base.") and name in replaced:
+            what = "its budget (sweep.budgets)" if name == "train.steps" else \
+                "its entry in sweep.sizes"
+            cli.fail(f"--sweep.base.{name}: each member's {name} is set by {what}, which "
+                     "replaces the base's; change that in the sweep file instead")
 
 
 def _main():
@@ -79,6 +97,7 @@ def _main():
         if flags.FLAGS["sweep"].value is None:
             cli.fail("--sweep=PATH is required to run a sweep (or pass --report)")
         sweep = cli.config_value(sweep_flag)
+        _refuse_overrides_the_members_replace(sweep, sys.argv)
         run(sweep, workdir_flag.value, index_flag.value, progress=not no_progress.value,
             allow_change=allow_flag.value)
         if index_flag.value is None:
