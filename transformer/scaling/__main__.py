@@ -27,8 +27,10 @@ def _refuse_overrides_the_members_replace(sweep, argv) -> None:
     unknown-field message may suggest, e.g. for --sweep.base.train.stepz) was ignored
     silently. One line instead, naming what does set them."""
     from transformer import cli
-    replaced = {"train.steps"} | {f"model.{k}" for size in sweep.sizes for k in size
-                                  if k != "name"}
+    if "sizes" not in sweep:  # not a sweep config at all: run() says so
+        return
+    sizes = sweep.sizes or []
+    replaced = {"train.steps"} | {f"model.{k}" for size in sizes for k in size if k != "name"}
     for arg in argv[1:]:
         name = arg.split("=", 1)[0].removeprefix("--sweep.base.")
         if arg.startswith("--sweep.base.") and name in replaced:
