@@ -1,10 +1,11 @@
 """The README and docs/ are the user's manual: their commands must work as written.
 
-Every `python ...` command in README.md, docs/*.md and the configs' docstrings is extracted. For each: the script or
-module exists, every `--flag` is a flag that program defines, every `--config.a.b` names a
-declared config field, and every file under configs/ it names exists. The cheap commands
-(those that read no run and train nothing) are run for real and must exit 0. Paths to the
-project's own files mentioned anywhere in the docs must exist. A field set in prose
+Every `python ...` command in README.md, docs/*.md and the configs' docstrings is extracted.
+For each: the script or module exists, every `--flag` is a flag that program defines, every
+`--config.a.b` names a declared config field, and every file under configs/ it names
+exists. The cheap commands (those that read no run and train nothing) are run for real and
+must exit 0. Paths to the project's own files mentioned anywhere in the docs must exist.
+A field set in prose
 (`model.norm=rmsnorm`, in the docs or a config's docstring) exists and takes that value.
 """
 
