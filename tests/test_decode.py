@@ -303,6 +303,10 @@ def test_tokens_after_the_end_token_are_padding(tiny_config, tiny_params):
     ([[1]], {"top_k": -1}, "top_k=-1"),
     ([[1]], {"temperature": -0.5}, "temperature=-0.5"),
     ([[1]], {"eos_id": 64}, "eos_id=64"),
+    # a JAX key holds 32 bits: 2**32 would be seed 0's text again, 2**64 an OverflowError
+    ([[1]], {"seed": 2**32}, "seed=4294967296"),
+    ([[1]], {"seed": 2**64}, "seed="),
+    ([[1]], {"seed": -1}, "seed=-1"),
 ])
 def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kwargs, match):
     kwargs = {"max_new_tokens": 4, **kwargs}

@@ -78,6 +78,9 @@ MIN_BUCKET = 16
 MIN_SEGMENT = 128
 
 
+MAX_SEED = 2**31 - 1  # seeds of sample.py and the server alike: a JAX key holds 32 bits
+
+
 class GenerationError(ValueError):
     """Arguments `generate` cannot work with (a length, a sampling knob, the prompt list)."""
 
@@ -541,6 +544,10 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
         budget = token_budget(max_new_tokens, config.max_seq_len - prompt_BP.shape[1])
     elif budget < max_new_tokens:
         raise GenerationError(f"budget={budget}: must be >= max_new_tokens={max_new_tokens}")
+    if not 0 <= seed <= MAX_SEED:
+        # A JAX key holds 32 bits: 2**40 gave seed 0's text, 2**64 an OverflowError.
+        raise GenerationError(f"seed={seed}: must be in [0, {MAX_SEED:,}] (the server's range "
+                              "too); a larger seed would repeat a smaller one's text")
     key = jax.random.key(seed)
     knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
              np.int32(max_new_tokens))
