@@ -15,7 +15,6 @@ the output folder is created: a refused export writes nothing.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from absl import flags
@@ -49,11 +48,9 @@ def check_out(out) -> Path:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise hf.HFError(f"--out={out}: exists and is not an empty folder; choose a new one")
-    there = next(p for p in (out, *out.absolute().parents) if p.exists())
-    if not there.is_dir():
-        raise hf.HFError(f"--out={out}: {there} is a file, not a folder; choose another path")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise hf.HFError(f"--out={out}: {there} is not writable; choose another path")
+    why = cli.cannot_write(out, folder=True)
+    if why:
+        raise hf.HFError(f"--out={out}: {why}; choose another path")
     return out
 
 
