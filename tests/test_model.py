@@ -117,6 +117,29 @@ def test_bfloat16_logits_are_summed_in_float32(tiny_config, tied):
                                atol=scale * 2.0 ** -8 / 30)
 
 
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_bfloat16_activations_stay_bfloat16_through_every_norm(tiny_config, norm):
+    """model.dtype=bfloat16 is the dtype of every activation between layers: a norm's output
+    (its statistics are float32) included. Left to flax's promotion a bfloat16 input with a
+    float32 gain came out float32: a post-norm block then handed the next one a float32
+    residual stream, which nn.scan refuses (its carry changed dtype), and QK-norm's float32
+    queries and keys beside bfloat16 values ran attention in float32 (einsum) or failed
+    (jax.nn.dot_product_attention, hence cuDNN)."""
+    config = dataclasses.replace(tiny_config, dtype="bfloat16", norm=norm,
+                                 norm_placement="post", scan_layers=True, qk_norm=True,
+                                 position="rope")
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    for kernel in ("einsum", "jax"):  # traced only (eval_shape): dtypes need no compile
+        c = dataclasses.replace(config, attention_kernel=kernel)
+        params = jax.eval_shape(lambda key, c=c: init_params(c, key), jax.random.key(0))
+        logits, seen = jax.eval_shape(
+            lambda p, c=c: GPT(c).apply({"params": p}, tokens, mutable=["intermediates"]), params)
+        assert logits.dtype == jnp.float32
+        attn = seen["intermediates"]["blocks"]["attn"]
+        dtypes = {attn[k][0].dtype for k in ("queries", "keys", "values")}
+        assert dtypes == {jnp.dtype(jnp.bfloat16)}
+
+
 def test_gpt2_initialisation_scales():
     """GPT-2's initialisation (Radford et al. 2019; nanoGPT): N(0, 0.02) for the token
     embedding, the head and every projection into the residual stream's reading side;

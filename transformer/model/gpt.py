@@ -72,19 +72,25 @@ def _logical(init, names):
 
 def _norm(config: ModelConfig, name: str) -> nn.Module:
     """LayerNorm: (x - mean) / std · g + b.  RMSNorm: x / sqrt(mean(x²)) · g (no centring,
-    no bias: cheaper, and works as well in practice)."""
+    no bias: cheaper, and works as well in practice). The statistics are float32; the
+    output is in the compute dtype, as every other layer's: left to flax's promotion, a
+    bfloat16 input and the float32 gain gave float32, and a post-norm block handed the next
+    one a float32 residual stream (which nn.scan refuses: its carry changed dtype)."""
     scale_init = _logical(nn.initializers.ones, ("embed",))
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(epsilon=1e-5, name=name, scale_init=scale_init)
+        return nn.RMSNorm(epsilon=1e-5, name=name, scale_init=scale_init, dtype=config.dtype)
     return nn.LayerNorm(epsilon=1e-5, name=name, scale_init=scale_init, use_bias=config.bias,
-                        bias_init=_logical(nn.initializers.zeros, ("embed",)))
+                        bias_init=_logical(nn.initializers.zeros, ("embed",)),
+                        dtype=config.dtype)
 
 
-def _head_norm(name: str) -> nn.Module:
+def _head_norm(config: ModelConfig, name: str) -> nn.Module:
     """QK-norm: RMSNorm of each head's vector over its K dims, one learned gain per dim shared
     by the heads (Qwen3's q_norm / k_norm). Scores q·k are then bounded by |g_q|·|g_k|·K, so
-    attention logits cannot grow with the weights (stability at high learning rates)."""
-    return nn.RMSNorm(epsilon=1e-5, name=name,
+    attention logits cannot grow with the weights (stability at high learning rates).
+    Output in the compute dtype, as `_norm`'s: float32 queries and keys beside bfloat16
+    values made attention run in float32, or fail (jax.nn.dot_product_attention, cuDNN)."""
+    return nn.RMSNorm(epsilon=1e-5, name=name, dtype=config.dtype,
                       scale_init=_logical(nn.initializers.ones, ("head_dim",)))
 
 
@@ -120,7 +126,7 @@ class CausalSelfAttention(nn.Module):
         k_BGTK = project("key", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
         v_BGTK = project("value", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
         if c.qk_norm:  # before the rotation, as Qwen3: the cache then holds normed keys
-            q_BHTK, k_BGTK = _head_norm("q_norm")(q_BHTK), _head_norm("k_norm")(k_BGTK)
+            q_BHTK, k_BGTK = _head_norm(c, "q_norm")(q_BHTK), _head_norm(c, "k_norm")(k_BGTK)
         if c.position == "rope":  # rotate by absolute position: scores see only p - s
             q_BHTK = rope.apply(q_BHTK, positions_BT)
             k_BGTK = rope.apply(k_BGTK, positions_BT)
