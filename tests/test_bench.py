@@ -56,6 +56,19 @@ def test_peak_comes_from_the_table_on_accelerators_and_is_measured_on_cpu():
     assert 1e8 < peak < 1e14 and source.startswith("measured")
 
 
+@pytest.mark.parametrize("device_kind, entry", [
+    ("NVIDIA L4", "L4"), ("NVIDIA L40S", None), ("NVIDIA L40", None),
+    ("NVIDIA A10", "A10"), ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA H200", "H200"),
+    ("TPU v5 lite", "TPU v5 lite"), ("TPU v5", "TPU v5"), ("TPU v6 lite", "TPU v6")])
+def test_the_datasheet_entry_is_the_chip_named_not_a_prefix_of_its_name(device_kind, entry):
+    """An L40S (362 TFLOP/s bfloat16) is not an L4 (121): taking the L4's peak would report
+    3x its MFU. A chip the table lacks gets None (peak_flops then measures a matmul); v5p
+    reports itself as "TPU v5" (jax's pallas tpu_info)."""
+    assert metrics.datasheet(device_kind) == entry
+    if entry == "TPU v5":
+        assert metrics.PEAK_FLOPS[entry]["bfloat16"] == 459e12  # v5p's, not v5e's 197
+
+
 def test_bench_json_has_the_figures_and_no_recompiles():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

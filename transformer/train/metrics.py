@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -121,8 +122,10 @@ def _short(v):
 
 
 # --- Model FLOPs utilisation -------------------------------------------------------------
-# Dense peak FLOP/s per chip from the vendors' datasheets (no sparsity), by the substring of
-# `jax.devices()[0].device_kind` that names the chip. Checked in order: "H100" before "H10".
+# Dense peak FLOP/s per chip from the vendors' datasheets (no sparsity), by the name in
+# `jax.devices()[0].device_kind` that names the chip (`datasheet`): a name not followed by a
+# digit, so that "L4" is not an L40S (3x the L4's peak) and "A10" not an A100. Checked in
+# order: "TPU v5 lite" before "TPU v5" (the name a v5p reports).
 # "tf32": what a float32 matmul runs at on NVIDIA GPUs from Ampere on, where XLA computes
 # float32 dots in TF32 at jax's default matmul precision (`float32_matmul_precision`).
 PEAK_FLOPS = {  # device kind: {dtype: FLOP/s}
@@ -136,9 +139,20 @@ PEAK_FLOPS = {  # device kind: {dtype: FLOP/s}
     "TPU v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
     "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},  # v5e
     "TPU v5e": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    "TPU v5": {"bfloat16": 459e12, "float32": 459e12 / 4},  # v5p (jax's pallas tpu_info)
     "TPU v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
     "TPU v3": {"bfloat16": 123e12, "float32": 123e12 / 4},
 }
+
+
+def datasheet(device_kind: str) -> str | None:
+    """The PEAK_FLOPS entry naming this device kind, or None: the first key found in it
+    (any case) and not followed by a digit."""
+    kind = device_kind.lower()
+    for key in PEAK_FLOPS:
+        if re.search(re.escape(key.lower()) + r"(?!\d)", kind):
+            return key
+    return None
 
 
 def float32_matmul_precision(device) -> str:
@@ -200,14 +214,14 @@ def peak_flops(dtype: str = "float32", device=None) -> tuple[float, str]:
     import jax
 
     device = device or jax.devices()[0]
-    if device.platform != "cpu":
-        for kind, peaks in PEAK_FLOPS.items():
-            if kind.lower() in device.device_kind.lower():
-                used = float32_matmul_precision(device) if dtype == "float32" else dtype
-                if used in peaks and used != dtype:  # the peak of the precision run
-                    return peaks[used], (f"datasheet ({kind}; float32 matmuls run as {used} "
-                                         "at jax's default precision)")
-                return peaks[dtype], f"datasheet ({kind})"
+    kind = datasheet(device.device_kind) if device.platform != "cpu" else None
+    if kind is not None:
+        peaks = PEAK_FLOPS[kind]
+        used = float32_matmul_precision(device) if dtype == "float32" else dtype
+        if used in peaks and used != dtype:  # the peak of the precision run
+            return peaks[used], (f"datasheet ({kind}; float32 matmuls run as {used} "
+                                 "at jax's default precision)")
+        return peaks[dtype], f"datasheet ({kind})"
     return measure_matmul_peak(dtype), f"measured ({device.device_kind} matmul)"
 
 
