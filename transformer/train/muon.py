@@ -11,8 +11,9 @@ each of the 28 matrices of the quick start, 420 small dots a step, each paying X
 fixed per-op cost (a 128 x 128 x 128 product is 4 MFLOP: microseconds of arithmetic). Here
 the matrices are first brought to optax's own (rows <= columns) orientation, then grouped
 by shape and stacked, so each iteration is 3 batched dots per shape: with the quick start's
-16 matrices of 128 x 128 (q, k, v, out) and 12 of 128 x 344 (the MLP's, the projection
-transposed) that is 30 dots a step instead of 420. Each matrix is still orthogonalised alone
+16 matrices of 128 x 128 (q, k, v, out) and 12 of 128 x 168 (the MLP's, the projection
+transposed; SwiGLU's width 2/3 of d_ff=256, rounded to 8) that is 30 dots a step instead of
+420. Each matrix is still orthogonalised alone
 (the batch axis is never contracted), so the result equals optax's up to float rounding
 (tests/test_optimizer.py checks it against optax.contrib.orthogonalize_via_newton_schulz).
 """
