@@ -154,7 +154,8 @@ _MODEL = [
     _f("model.tie_embeddings", True, "logits = h @ E^T with the input embedding E", FIXED),
     _f("model.dtype", "float32", "compute dtype; softmax and loss always run in float32",
        CHANGE, DTYPES),
-    _f("model.param_dtype", "float32", "dtype the parameters are stored in", FIXED, DTYPES),
+    _f("model.param_dtype", "float32",
+       "dtype the matrices and embeddings are stored in (norm gains stay float32)", FIXED, DTYPES),
     _f("model.scan_layers", False, "nn.scan over blocks: stacked params, faster compile", FIXED),
     # Recomputing a value gives the same value: the same numbers, another memory/time trade.
     _f("model.remat", "none", "what the backward pass recomputes", FREE, REMAT),
