@@ -2,9 +2,9 @@
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py OUT.json [MODERN.json]
 
-tests/test_sharding.py launches it once for its two tests (the pytest process keeps its own
-device count; one process pays Python's start, the imports and the backend's 8 devices once)
-and asserts on the JSON files it writes. OUT.json: for each mesh shape the largest loss and parameter
+tests/test_sharding.py launches it once for its two tests, as a child of the suite's fork
+server (the pytest process keeps its own device count; one process pays the backend's 8
+devices once, and none the imports again) and asserts on the JSON files it writes. OUT.json: for each mesh shape the largest loss and parameter
 differences from one device, whether every parameter is split as the rules say, whether
 greedy decoding gives the same tokens, and whether a checkpoint written on (2, 2, 2)
 restores exactly onto one device and onto (1, 2, 4). MODERN.json, when named: the modern

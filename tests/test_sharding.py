@@ -1,21 +1,22 @@
 """Sharding: meshes, rules and the sharded train step, decode and checkpoint restore.
 
 Checks that need several devices run in subprocesses (this pytest process keeps its one
-device): tests/sharding_check.py on 8 simulated CPU devices, and train.py as two processes
-of 2 devices joined through jax.distributed against one process of 4 devices.
+device), children of the suite's fork server (tests/conftest.py's fork_run: each a process of
+its own, its device count in its XLA_FLAGS): tests/sharding_check.py on 8 simulated CPU
+devices, and train.py as two processes of 2 devices joined through jax.distributed against
+one process of 4 devices.
 """
 
 import json
 import math
 import re
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import flax.linen as nn
 import numpy as np
 import pytest
-from conftest import fork_run, free_port, simulated_devices_env
+from conftest import fork_popen, fork_run, free_port, simulated_devices_env
 from jax.sharding import AbstractMesh, AxisType
 
 from transformer.config import ConfigError, base_config, validate
@@ -144,15 +145,16 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def sharding_reports(tmp_path_factory):
-    """One run of tests/sharding_check.py for the two tests below: the 8-device process, its
-    imports and its backend are paid once (~3 s of CPU), and each test still reads a report of
-    its own, written by the same code as when each had a process of its own (the modern check
-    runs second, on fresh trainers of its own configs; nothing it compares is shared)."""
+    """One run of tests/sharding_check.py for the two tests below: the 8-device process and
+    its backend are paid once (~3 s of CPU), and each test still reads a report of its own,
+    written by the same code as when each had a process of its own (the modern check runs
+    second, on fresh trainers of its own configs; nothing it compares is shared). A child of
+    the fork server (conftest's fork_run: the device count travels in its XLA_FLAGS), so it
+    does not import jax, flax and the package again (~3 s of CPU here)."""
     folder = tmp_path_factory.mktemp("sharding")
     out, modern = folder / "report.json", folder / "modern.json"
-    result = subprocess.run([sys.executable, "tests/sharding_check.py", str(out), str(modern)],
-                            cwd=ROOT, env=simulated_devices_env(8), capture_output=True,
-                            text=True, timeout=900)
+    result = fork_run("tests/sharding_check.py", out, modern, cwd=ROOT,
+                      env=simulated_devices_env(8), timeout=900)
     return result, out, modern
 
 
@@ -189,12 +191,14 @@ def test_sharded_meshes_match_one_device(sharding_reports):
 
 
 def test_two_processes_match_one_process_of_four_devices(tmp_path):
-    """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4."""
+    """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4. Each of the
+    three is a process of its own, a child of the fork server (conftest's fork_popen, as
+    tests/test_multihost.py's processes are): ~1.3-3 s of CPU less each than a new Python."""
     # A text corpus no process has seen: the three processes prepare it into one empty cache
     # at once (one of them does, the others wait for it), then read their rows from it.
     corpus = tmp_path / "text.txt"
     corpus.write_text("".join(f"{i} green ideas sleep furiously\n" for i in range(2000)))
-    args = [sys.executable, "train.py", "--config=configs/tiny.py", "--no_progress",
+    args = ["train.py", "--config=configs/tiny.py", "--no_progress",
             f"--config.data.corpus={corpus}", "--config.train.steps=3", "--config.train.log_every=1",
             "--config.train.eval_every=3", "--config.train.eval_batches=1",
             "--config.train.ckpt_every=3", "--config.mesh.fsdp=2",
@@ -206,16 +210,20 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
             "--config.model.matmul=fast_f32"]
     port = free_port()
     cache = {"TRANSFORMER_CACHE": str(tmp_path / "cache")}
-    multi = [subprocess.Popen(args + [f"--workdir={tmp_path / 'multi'}",
-                                      f"--coordinator_address=127.0.0.1:{port}",
-                                      "--num_processes=2", f"--process_id={i}"],
-                              cwd=ROOT, env=simulated_devices_env(2, **cache),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for i in range(2)]
-    single = subprocess.run(args + [f"--workdir={tmp_path / 'single'}"], cwd=ROOT,
-                            env=simulated_devices_env(4, **cache), capture_output=True,
-                            text=True, timeout=600)
-    outputs = [p.communicate(timeout=600) for p in multi]
+    multi = [fork_popen(args + [f"--workdir={tmp_path / 'multi'}",
+                                f"--coordinator_address=127.0.0.1:{port}",
+                                "--num_processes=2", f"--process_id={i}"],
+                        cwd=ROOT, env=simulated_devices_env(2, **cache))
+             for i in range(2)]
+    try:
+        single = fork_run(*args, f"--workdir={tmp_path / 'single'}", cwd=ROOT,
+                          env=simulated_devices_env(4, **cache), timeout=600)
+        outputs = [p.communicate(timeout=600) for p in multi]
+    finally:
+        for p in multi:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p, (_, err) in zip(multi, outputs):
         assert p.returncode == 0, err[-3000:]
     assert single.returncode == 0, single.stderr[-3000:]
@@ -295,25 +303,39 @@ def test_a_model_the_mesh_cannot_split_is_refused_before_the_workdir_is_written(
     assert not workdir.exists()
 
 
-def _one_step_on_one_device(tmp_path):
-    """A tiny run trained one step on one device: (its workdir, the arguments it ran with)."""
-    workdir = tmp_path / "run"
-    common = ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
-              "--config.data.max_bytes=50000", "--config.train.eval_every=1",
-              "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4",
-              "--no_progress"]
-    first = fork_run(*common, "--config.train.steps=1", cwd=ROOT,
+def _one_step_args(workdir):
+    return ["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+            "--config.data.max_bytes=50000", "--config.train.eval_every=1",
+            "--config.train.eval_batches=1", "--config.sample.max_new_tokens=4",
+            "--no_progress"]
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory):
+    """A tiny run trained one step on one device, once for the module: the two tests below
+    each resume a copy of its workdir of their own (a run is not tied to its folder's path:
+    tests/test_resume.py resumes copies too)."""
+    workdir = tmp_path_factory.mktemp("one_step") / "run"
+    first = fork_run(*_one_step_args(workdir), "--config.train.steps=1", cwd=ROOT,
                      env=simulated_devices_env(1), timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    return workdir, common
+    return workdir
 
 
-def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_damage(tmp_path):
+def _one_step_on_one_device(tmp_path, one_step_run):
+    """A copy of the one-step run in tmp_path: (its workdir, the arguments it ran with)."""
+    workdir = tmp_path / "run"
+    shutil.copytree(one_step_run, workdir)
+    return workdir, _one_step_args(workdir)
+
+
+def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_damage(
+        tmp_path, one_step_run):
     """Trained on one device with text's 257 ids (vocab_size=0: nothing to pad for), resumed
     on mesh.tensor=2, which cannot split the checkpoint's 257 rows: one error line naming the
     size and a fix that keeps the checkpoint (another mesh, or the vocabulary kept whole), exit
     2, no checkpoint called damaged or moved aside; and that fix then resumes the run."""
-    workdir, common = _one_step_on_one_device(tmp_path)
+    workdir, common = _one_step_on_one_device(tmp_path, one_step_run)
     more = ["--config.train.steps=2", "--allow_change=train.steps", "--config.mesh.tensor=2"]
     second = fork_run(*common, *more, cwd=ROOT, env=simulated_devices_env(2), timeout=300)
     assert second.returncode == 2, second.stderr[-2000:]
@@ -328,11 +350,11 @@ def test_a_resume_on_a_mesh_that_cannot_split_the_saved_model_is_refused_not_dam
     assert "resuming from step 1" in third.stdout
 
 
-def test_a_resume_may_change_the_batch_to_one_the_new_mesh_splits(tmp_path):
+def test_a_resume_may_change_the_batch_to_one_the_new_mesh_splits(tmp_path, one_step_run):
     """Trained with batch 8 on one device, resumed on 3 devices with batch 6
     (--allow_change=train.batch_size): no saved array depends on the batch, so the run
     resumes; the old batch of 8, which 3 devices cannot split, is no reason to refuse it."""
-    workdir, common = _one_step_on_one_device(tmp_path)
+    workdir, common = _one_step_on_one_device(tmp_path, one_step_run)
     second = fork_run(*common, "--config.train.steps=2", "--config.train.batch_size=6",
                       "--allow_change=train.steps,train.batch_size", cwd=ROOT,
                       env=simulated_devices_env(3), timeout=300)
