@@ -105,14 +105,22 @@ def cache_moves(trainer, params, batch):
     """Collectives that move attention's data (the KV cache and the K/V written into it)
     between devices in the compiled decode program for `batch` rows: none when the cache
     lives where each step reads and writes it. (All-gathers are left out: under fsdp the
-    attention weights are gathered before use, as designed.)"""
+    attention weights are gathered before use, as designed.) The program is the one
+    `greedy` runs for `batch` prompts (PROMPTS' bucket of 16 slots, its token budget): where
+    greedy already ran it (4 rows on both meshes, 1 row on (2, 2, 2)) it is not traced,
+    lowered or compiled again (jit's own cache), and the program checked is the one whose
+    tokens were compared."""
+    config = trainer.model_config
+    prompt_len = decode.prompt_bucket(max(map(len, PROMPTS)), config.max_seq_len)
+    budget = decode.token_budget(6, config.max_seq_len - prompt_len)
     generate_fn, cache_fn, param_sh = decode.sharded_program(
-        trainer.model_config, 6, trainer.mesh, tuple(trainer.rules), batch)
+        config, budget, trainer.mesh, tuple(trainer.rules), batch)
     put = lambda x: sharding.put_replicated(x, trainer.mesh)  # noqa: E731
     key = np.asarray(jax.random.key_data(jax.random.key(0)))
-    args = (jax.device_put(params, param_sh), cache_fn(), put(np.zeros((batch, 16), np.int32)),
-            put(np.zeros(batch, np.int32)), put(key), put(np.float32(0)), put(np.int32(0)),
-            put(np.float32(1)), put(np.int32(-1)), put(np.int32(6)))
+    args = (jax.device_put(params, param_sh), cache_fn(),
+            put(np.zeros((batch, prompt_len), np.int32)), put(np.zeros(batch, np.int32)),
+            put(key), put(np.float32(0)), put(np.int32(0)), put(np.float32(1)),
+            put(np.int32(-1)), put(np.int32(6)))
     hlo = generate_fn.lower(*args).compile().as_text()
     return [line.strip()[:200] for line in hlo.splitlines()
             if re.search(r"(all-to-all|collective-permute)(-start)?\(", line)
