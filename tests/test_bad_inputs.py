@@ -177,10 +177,9 @@ def files(tmp_path_factory):
     (d / "broken_config.py").write_text("def get_config(:\n    return\n")
     (d / "a_file").write_text("not a folder\n")
     damaged_folders(d)
-    trained = d / "trained"
-    out = subprocess.run([sys.executable, "train.py", *MODEL, f"--config.data.corpus={d}/good.txt",
-                          f"--workdir={trained}"], cwd=ROOT, env=env(), capture_output=True,
-                         text=True, timeout=300)
+    trained = d / "trained"  # the rows' trained workdir: a fork-server child, like the rows
+    out = fork_run("train.py", *MODEL, f"--config.data.corpus={d}/good.txt",
+                   f"--workdir={trained}", cwd=ROOT, env=env(), timeout=300)
     assert out.returncode == 0, out.stderr
     return d
 
