@@ -147,7 +147,8 @@ def main(argv):
         state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
                                      allow_change=_ALLOW_CHANGE.value,
                                      hooks=faults.TestHooks.from_env(),  # tests' kill hooks
-                                     alongside=compile_sampler)
+                                     alongside=compile_sampler if config.sample.max_new_tokens
+                                     else None)
     except cli.USER_ERRORS as e:  # the default config against a run trained with another
         if flags.FLAGS["config"].present or not (Path(workdir) / "checkpoints").is_dir() \
                 or type(e).__name__ == "WorkdirError":  # in use: not a question of config
@@ -159,6 +160,8 @@ def main(argv):
                                      f"and this run was trained with: {trained_with}"
                                      ) from None
     s = config.sample
+    if not s.max_new_tokens:  # sample.max_new_tokens=0: the run asked for no sample
+        return
     try:
         [text] = textgen.sample_text(params=state.params, temperature=s.temperature,
                                      top_k=s.top_k, top_p=s.top_p, seed=config.train.seed,

@@ -31,7 +31,7 @@ MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.mode
          "--config.model.vocab_size=0", "--config.data.tokenizer=char",
          "--config.train.batch_size=4", "--config.train.steps=4", "--config.train.ckpt_every=4",
          "--config.train.eval_every=4", "--config.train.eval_batches=1",
-         "--config.sample.prompt=the ", "--config.sample.max_new_tokens=4", "--no_progress"]
+         "--config.sample.prompt=the ", "--config.sample.max_new_tokens=0", "--no_progress"]
 
 # (what, script, args, phrase the error line must hold, workdir kind)
 # {W}: the row's workdir; {C}: a good text corpus; {D}: a folder of prepared bad files.

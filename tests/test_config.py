@@ -44,7 +44,7 @@ def test_a_saved_config_round_trips():
     ("train", "batch_size", 0, "train.batch_size"),
     ("sample", "top_p", 0.0, "sample.top_p"),
     ("sample", "temperature", -0.5, "sample.temperature"),
-    ("sample", "max_new_tokens", 0, "sample.max_new_tokens"),
+    ("sample", "max_new_tokens", -1, r"sample.max_new_tokens=-1: must be .* >= 0 \(0: no sample"),
     ("sample", "prompt", "", "sample.prompt='': must not be empty"),
     ("train", "lr", float("inf"), "train.lr=inf: must be a finite"),  # --config.train.lr=1e400
     ("train", "muon_lr", float("inf"), "train.muon_lr=inf: must be a finite"),

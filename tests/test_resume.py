@@ -31,7 +31,9 @@ MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config.mode
          "--config.train.batch_size=4", "--config.train.warmup_steps=4",
          "--config.train.log_every=4", "--config.train.eval_every=12",
          "--config.train.eval_batches=1", "--config.train.keep_checkpoints=2",
-         "--config.sample.max_new_tokens=4", "--config.sample.prompt=the ", "--no_progress"]
+         "--config.sample.max_new_tokens=0", "--config.sample.prompt=the ", "--no_progress"]
+# sample.max_new_tokens=0: no sample at the end, nor its compile alongside training (~2-4 s
+# of CPU a run); the runs here are read back with sample.py where a sample matters.
 
 
 def write_corpus(path: Path) -> Path:
@@ -172,6 +174,7 @@ def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseli
     assert out.returncode == 0, out.stderr
     # (the last killed run may have finished first on a fast machine: then it says so)
     assert "resuming from step" in out.stdout or "is finished" in out.stdout
+    assert "--- sample" not in out.stdout  # sample.max_new_tokens=0 asks for none
     assert not in_flight(workdir), "leftover tmp folders are cleaned when a writer opens"
     assert_bitwise_equal(workdir, baseline[1])
 

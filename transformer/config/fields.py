@@ -300,7 +300,7 @@ _SAMPLE = [
     _f("sample.prompt", "def ", "text the sample continues", FREE,
        check=lambda v: None if v else "must not be empty: give at least one character for "
        "the sample to continue, e.g. sample.prompt='def '"),
-    _f("sample.max_new_tokens", 100, "tokens sampled", FREE),
+    _f("sample.max_new_tokens", 100, "tokens sampled; 0: no sample (nor its compile)", FREE),
     _f("sample.temperature", 0.8, "0: greedy", FREE),
     _f("sample.top_k", 40, "keep the k likeliest tokens; 0 disables", FREE),
     _f("sample.top_p", 0.95, "keep the smallest set with this probability; 1 disables", FREE),

@@ -198,13 +198,17 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_data(config.data)
     _check_train(config.train)
     s = config.sample
-    check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, prefix="sample.")
+    check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens, prefix="sample.",
+                   fewest=0)  # 0: no sample at the end of training
     return config
 
 
-def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=ConfigError):
+def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=ConfigError,
+                   fewest=1):
     """The one check of sampling values: the config's sample section, sample.py's flags and
-    generate/decode.py's arguments all go through it (`error`: the exception to raise)."""
+    generate/decode.py's arguments all go through it (`error`: the exception to raise;
+    `fewest`: the fewest new tokens allowed, 0 only for the end-of-training sample, which
+    then is not made)."""
     def fail(name, value, fix):
         raise error(f"{prefix}{name}={value!r}: {fix}")
 
@@ -217,8 +221,9 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=C
         fail("top_p", top_p, "must be in (0, 1] (1 disables top-p)")
     # Any length: generation goes on past the context (generate/decode.py).
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
-            or max_new_tokens < 1:
-        fail("max_new_tokens", max_new_tokens, "must be an integer >= 1")
+            or max_new_tokens < fewest:
+        fail("max_new_tokens", max_new_tokens, f"must be an integer >= {fewest}"
+             + (" (0: no sample at the end of training)" if fewest == 0 else ""))
 
 
 def to_dict(config: ml_collections.ConfigDict) -> dict:
