@@ -130,6 +130,28 @@ def test_every_process_restores_the_step_all_of_them_could_read(workdir, monkeyp
     assert found.step == 1 and damaged == [2] and _same(found.params, _tree(1))
 
 
+def test_every_process_refuses_a_workdir_changed_while_it_started(workdir, monkeypatch):
+    """After the lock, a newer checkpoint that one process sees (another run saved it) stops
+    every process, not that one alone (the others would wait at the next barrier forever);
+    with nothing new seen anywhere, all go on."""
+    from types import SimpleNamespace
+
+    from transformer.train import start
+
+    plan = SimpleNamespace(workdir=workdir, found=SimpleNamespace(step=2), damaged=[])
+    for other in (0, 1):  # what the other process saw
+        monkeypatch.setattr(processes, "max_over_processes", lambda v, o=other: max(v, o))
+        if other:
+            with pytest.raises(workdir_lib.WorkdirError, match="another process saw it"):
+                start._check_unchanged(plan)
+        else:
+            start._check_unchanged(plan)  # this one saw nothing new either: no error
+    plan.found.step = 1  # this process sees step 2 as new: refused, whatever the others saw
+    monkeypatch.setattr(processes, "max_over_processes", lambda v: v)
+    with pytest.raises(workdir_lib.WorkdirError, match="while this one started; run again"):
+        start._check_unchanged(plan)
+
+
 def test_a_step_that_does_not_exist_names_the_ones_that_do(workdir):
     with pytest.raises(CheckpointError, match=r"step=7: no such checkpoint .*steps saved: 1, 2"):
         _restore(workdir, step=7)

@@ -218,13 +218,18 @@ def claim(plan: Plan):
 
 
 def _check_unchanged(plan: Plan) -> None:
-    """The workdir was read before it was locked: a run that ended in between may have saved."""
+    """The workdir was read before it was locked: a run that ended in between may have saved.
+    Every process looks, and they agree (the worst verdict): one that refused alone left the
+    others waiting forever at the next barrier (a shared disk's listing may lag on one host)."""
     folder = checkpoint.directory(plan.workdir)
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     newest = plan.found.step if plan.found else 0
-    if any(s > newest and s not in plan.damaged for s in steps):
+    changed = any(s > newest and s not in plan.damaged for s in steps)
+    if processes.max_over_processes(int(changed)):
         raise workdir_lib.WorkdirError(f"--workdir={plan.workdir}: another run saved a "
-                                      "checkpoint there while this one started; run again")
+                                      "checkpoint there while this one started"
+                                      + ("" if changed else " (another process saw it)")
+                                      + "; run again")
 
 
 def tokens_trained(found: checkpoint.Restored | None) -> int:
