@@ -134,3 +134,20 @@ def test_inspect_lays_out_a_text_as_pieces_that_join_into_it():
     assert laid_out["ids"] == ids and len(laid_out["tokens"]) == len(ids)
     assert "".join(laid_out["tokens"]) == text
     assert laid_out["tokens"][:2] == ["", "л"]
+
+
+def test_echo_offsets_of_a_prompt_of_ids_ending_inside_a_character(client):
+    """A prompt of token ids may end inside a character ("a" and the first byte of é): the
+    echoed text is the prompt's text (ending in U+FFFD) and then the completion's, so each
+    completion token's offset is the prompt's length in characters plus its offset in the
+    completion alone. The offsets were one short: they let the completion's bytes finish
+    the prompt's character."""
+    prompt = list(b"a\xc3")
+    args = dict(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
+    [alone] = client.completions.create(**args).choices
+    [echo] = client.completions.create(echo=True, **args).choices
+    head = bytes(prompt).decode("utf-8", errors="replace")
+    assert head == "a\ufffd" and echo.text == head + alone.text
+    assert echo.logprobs.tokens == ["a", "bytes:\\xc3"] + alone.logprobs.tokens
+    assert echo.logprobs.text_offset == [0, 1] + [len(head) + o
+                                                  for o in alone.logprobs.text_offset]

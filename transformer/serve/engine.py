@@ -387,7 +387,11 @@ class Engine:
         the very first without a log-probability); tokens named as serve/tokens.py says."""
         text_ids = prompt_ids + ids
         lp = inside.token_logprobs(self.config, self.params, text_ids, top=top)
-        return tokens.logprobs(self.names, text_ids, 0 if echo else len(prompt_ids), lp)
+        # With echo the text is the prompt's text and then the completion's, each decoded on
+        # its own (prompt_text, _Row): a prompt of ids that ends inside a character ends with
+        # its U+FFFD, and the completion's offsets count it.
+        return tokens.logprobs(self.names, text_ids, 0 if echo else len(prompt_ids), lp,
+                               len(prompt_ids))
 
     @functools.cached_property
     def names(self) -> tokens.TokenNames:

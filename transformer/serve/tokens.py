@@ -69,11 +69,17 @@ class TokenNames:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
-    def offsets(self, ids) -> list[int]:
+    def offsets(self, ids, restart: int | None = None) -> list[int]:
         """Where each token starts in the text of `ids`, in characters: the characters
-        already complete when its first byte comes (a UTF-8 decoder fed token by token)."""
+        already complete when its first byte comes (a UTF-8 decoder fed token by token).
+        `restart`: the index where a second text begins, decoded on its own and joined to the
+        first (an echoed prompt and its completion): a character the first leaves unfinished
+        is its last character there (U+FFFD), not finished by the second's bytes."""
         decoder, done, out = codecs.getincrementaldecoder("utf-8")(errors="replace"), 0, []
-        for i in ids:
+        for k, i in enumerate(ids):
+            if k == restart:
+                done += len(decoder.decode(b"", final=True))
+                decoder.reset()
             out.append(done)
             done += len(decoder.decode(self._bytes(int(i)) or b""))
         return out
@@ -99,9 +105,11 @@ class TokenNames:
         return out
 
 
-def logprobs(names: TokenNames, text_ids, first: int, lp) -> dict:
+def logprobs(names: TokenNames, text_ids, first: int, lp, completion: int | None = None) -> dict:
     """OpenAI's logprobs object for text_ids[first:] (`lp`: inside.token_logprobs of all of
-    text_ids); the very first token of a text has no log-probability. Each top_logprobs entry
+    text_ids); the very first token of a text has no log-probability. `completion`: where the
+    completion begins in text_ids, when its text is decoded apart from the prompt's (offsets
+    count the prompt's text as the answer gives it). Each top_logprobs entry
     is the likeliest alternatives, then the token itself where it is not among them: OpenAI
     "will always return the logprob of the sampled token, so there may be up to logprobs+1
     elements" (vLLM too)."""
@@ -119,4 +127,5 @@ def logprobs(names: TokenNames, text_ids, first: int, lp) -> dict:
             values_K.append(lp.chosen_T[t - 1])
         top_lp.append(names.top(ids_K, values_K))
     return {"tokens": tokens, "token_logprobs": token_lp, "top_logprobs": top_lp,
-            "text_offset": names.offsets(text_ids[first:])}
+            "text_offset": names.offsets(text_ids[first:], None if completion is None
+                                         else completion - first)}
