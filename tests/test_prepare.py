@@ -305,6 +305,28 @@ def test_an_out_folder_inside_the_input_is_not_read_as_input(tmp_path):
         prep.prepare([out], out, overwrite=True)
 
 
+def test_a_prepared_set_inside_an_input_folder_is_not_read_as_text(tmp_path):
+    """A set prepared into a folder of its inputs earlier (not this --out) is left out of a
+    later prepare of that folder: its tokens are those of the text files alone (its manifest
+    and tokenizer.json were documents, its shards skipped files). A manifest.json of another
+    kind is a document; a prepared set named as an input is refused in one line."""
+    docs = documents(30, seed=23)
+    (tmp_path / "in" / "notes").mkdir(parents=True)
+    for k, d in enumerate(docs):
+        (tmp_path / "in" / f"{k:03d}.txt").write_text(d)
+    (tmp_path / "in" / "notes" / "manifest.json").write_text('{"name": "my notes"}\n')
+    plain = prep.prepare([tmp_path / "in"], tmp_path / "plain", val_fraction=0.2)
+    prep.prepare([tmp_path / "in"], tmp_path / "in" / "old", val_fraction=0.2)
+    again = prep.prepare([tmp_path / "in"], tmp_path / "new", val_fraction=0.2)
+    assert [s["path"] for s in again["sources"]] == [s["path"] for s in plain["sources"]]
+    assert any(s["path"].endswith("notes/manifest.json") for s in plain["sources"])
+    for s in ("train", "val"):
+        assert [a.tolist() for a in read_split(tmp_path / "new", s)] == \
+            [a.tolist() for a in read_split(tmp_path / "plain", s)]
+    with pytest.raises(CorpusError, match=r"old is a prepared dataset .*not text"):
+        prep.prepare([tmp_path / "in" / "old"], tmp_path / "other")
+
+
 def test_overwrite_of_the_current_folder_given_as_dot_replaces_it(tmp_path, monkeypatch):
     """--out=. from inside a prepared folder, with --overwrite, leaves the new set there,
     complete (before: the old set deleted, the new one with it, and a traceback)."""

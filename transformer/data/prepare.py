@@ -47,7 +47,7 @@ from transformer.data import durable
 from transformer.data import split as split_rule
 from transformer.data import tokenizers
 from transformer.data.corpus import CorpusError
-from transformer.data.sources import PIECE_CHARS, Reader, expand, kind_of
+from transformer.data.sources import PIECE_CHARS, Reader, expand, is_prepared_folder, kind_of
 from transformer.data.split import is_val  # noqa: F401 -- prepare.is_val, where it was
 
 FORMAT = 1
@@ -238,6 +238,12 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
     files = [p for p in expand(inputs) if not _under(p, out)]
     if not files:
         raise CorpusError(f"{' '.join(inputs)}: no input files outside --out={out}")
+    # A prepared set inside an input folder is left out (sources.expand); one named as an
+    # input is refused: its files are tokens and a manifest, not text.
+    for spec in inputs:
+        if Path(spec).is_dir() and is_prepared_folder(Path(spec)) and not _under(spec, out):
+            raise CorpusError(f"{spec} is a prepared dataset (it has a manifest.json): its "
+                              "files are tokens, not text; give the text it was made from")
     # A tokenizer.json from disk is loaded first: where cutting a text file into pieces would
     # not keep its ids (a Metaspace pre-tokenizer), text files are read whole (and one over
     # 1 MB is then held out whole, not in spans: spans are cut where pieces are).

@@ -53,8 +53,7 @@ def expand(inputs) -> list[Path]:
             matches = [spec]
         for match in map(Path, matches):
             if match.is_dir():
-                files += sorted(p for p in match.rglob("*") if p.is_file() and not any(
-                    part.startswith(".") for part in p.relative_to(match).parts))
+                files += sorted(_files_under(match))
             elif match.is_file():
                 files.append(match)
             else:
@@ -64,6 +63,27 @@ def expand(inputs) -> list[Path]:
     if not files:
         raise CorpusError(f"{' '.join(inputs)}: no input files")
     return files
+
+
+def _files_under(folder: Path):
+    """Every file under `folder`, less hidden files and folders and the prepared datasets
+    inside it (a set prepared into a folder of its own inputs: a later prepare read its
+    manifest.json and tokenizer.json as documents)."""
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")
+                   and not is_prepared_folder(Path(root) / d)]
+        yield from (Path(root) / n for n in names
+                    if not n.startswith(".") and (Path(root) / n).is_file())
+
+
+def is_prepared_folder(folder: Path) -> bool:
+    """A folder that `prepare` wrote: its manifest.json is a JSON object with the format and
+    the splits (a manifest.json of some other kind is a document like any other)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"format", "splits", "tokenizer"} <= manifest.keys()
 
 
 def kind_of(path: Path) -> str:
