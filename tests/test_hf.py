@@ -162,6 +162,23 @@ def test_exported_tokenizer_encodes_like_ours(kind, tmp_path):
     assert theirs.decode(tok.encode(sample)) == sample
 
 
+def test_an_exported_char_tokenizer_refuses_a_character_it_never_saw(tmp_path):
+    """Ours refuses a character outside a char run's vocabulary (naming it); the exported
+    tokenizer must not drop it silently (ids whose text is not the text given): it refuses
+    too, and still encodes every known character as ours does."""
+    import transformers
+    char = tokenizers.CharTokenizer.from_text("abc\n", eot=True)
+    mc = model_config(vocab_size=256)
+    out = export.write_folder(mc, init_params(mc, jax.random.key(0)), char, tmp_path / "c")
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert theirs.encode("cab\n") == char.encode("cab\n")
+    with pytest.raises(tokenizers.TokenizerError, match="'x' is not in"):
+        char.encode("abxc")
+    with pytest.raises(Exception, match="not found in the vocabulary"):
+        theirs.encode("abxc")
+    assert hf_import.tokenizer(out).to_json() == char.to_json()  # still read back as char
+
+
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
 def test_exported_tokenizer_reads_the_end_of_text_spelled_in_text_as_text(kind, tmp_path):
     """Ours never parses <|endoftext|> from text (each document's end is placed): the

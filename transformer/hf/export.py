@@ -39,7 +39,19 @@ def tokenizer_json(tokenizer) -> str:
         return json.dumps(spec)
     # byte: byte-level BPE without merges; char: one token per character, id = its index;
     # either with <|endoftext|> after them when it has one.
-    return tokenizer.hf_tokenizer().to_str()
+    spec = json.loads(tokenizer.hf_tokenizer().to_str())
+    if tokenizer.kind == "char":
+        # A character the run never saw: ours refuses it, naming it (sample.py, serve); a BPE
+        # model without an unknown token dropped it silently ("abxc" -> "abc"). An unknown
+        # token that is not in the vocabulary makes `tokenizers` refuse the text instead.
+        spec["model"]["unk_token"] = UNKNOWN_CHAR
+    return json.dumps(spec)
+
+
+# What `tokenizers` names in its refusal of a character outside a char vocabulary: "Unk token
+# `...` not found in the vocabulary" (never a token: every token of a char vocabulary is one
+# character).
+UNKNOWN_CHAR = "<a character this char-level model never saw>"
 
 
 def check_out(out) -> Path:
