@@ -104,8 +104,14 @@ def test_stream_ends_with_done_and_stop_cuts_the_text(server, client):
                                     stop=[stop, "@@"])
     assert cut.choices[0].text == full[:full.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
+    # usage counts the stop string's tokens (one a character), streamed or not
+    assert cut.usage.completion_tokens == full.index(stop) + len(stop)
     texts, finish = streamed(client, prompt=PROMPT, max_tokens=30, temperature=0, stop=stop)
     assert texts[0] == full[:full.index(stop)] and finish[0] == "stop"
+    *_, last = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30,
+                                         temperature=0, stop=stop, stream=True,
+                                         stream_options={"include_usage": True})
+    assert last.usage == cut.usage
 
 
 def test_a_stream_sends_its_first_token_alone_then_a_chunk_per_event(server, client):
@@ -320,6 +326,28 @@ def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
         text = row.push_many(tokenizer.encode("the fox") + [end] + tokenizer.encode(" dog"))
         assert row.stopped and text + row.finish() == "the fox"
         assert TokenNames(tokenizer)(end) == "</s>"
+
+
+def test_completion_tokens_count_through_the_token_that_ended_the_choice():
+    """usage.completion_tokens counts what the model generated, as vLLM and OpenAI count it:
+    the end-of-text token and a stop string's tokens too (neither is in the text), and
+    nothing the device made after the token that ended the choice (a chunk runs on past it).
+    It counted only the tokens within the text."""
+    from transformer.data.tokenizers import ByteTokenizer, CharTokenizer
+    from transformer.serve.engine import _Row
+
+    text = "the quick fox jumps over"
+    for tok in (ByteTokenizer(eot=True), CharTokenizer.from_text(text + "é", eot=True)):
+        ids = tok.encode(text)
+        for stops, through in ((["fox", "zz"], "the quick fox"), (["ump", "fox j"], "the quick fox j"),
+                               (["é"], text), ([], text)):
+            row = _Row(tok, stops, tok.encode("over "))
+            row.push_many(ids[:3])
+            row.push_many(ids[3:])  # a chunk that runs past the stop
+            assert row.generated() == len(tok.encode(through)), (stops, tok.kind)
+        row = _Row(tok, ["zz"])
+        row.push_many(ids[:4] + [tok.eot] + ids[4:])
+        assert row.text == "the " and row.generated() == 5  # the end token counts
 
 
 def test_malformed_bodies_and_an_unknown_model(server, client):

@@ -253,8 +253,9 @@ def create_app(engine, model: str, step=None, *, template: chat.ChatTemplate | N
         return await admitted(request, handle)
 
     def _usage(prompts_ids, choices) -> dict:
-        # n choices of one prompt read it once (as OpenAI counts it)
-        return api.usage(sum(map(len, prompts_ids)), sum(len(c.ids) for c in choices))
+        # n choices of one prompt read it once (as OpenAI counts it); each choice's tokens
+        # through the one that ended it (engine._Row.generated), streamed or not
+        return api.usage(sum(map(len, prompts_ids)), sum(c.generated for c in choices))
 
     def streaming(req, prompts_ids, handed, events_of):
         """The job queued now (a 429 or 400 can still be an HTTP status) and its events

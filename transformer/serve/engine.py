@@ -72,6 +72,7 @@ class Choice:
     finish_reason: str        # "stop" (a stop string, or the end-of-text token) or "length"
     ids: list                 # the completion's tokens (within the text)
     logprobs: dict | None = None
+    generated: int = 0        # what usage.completion_tokens counts (_Row.generated)
 
 
 class _Row:
@@ -86,6 +87,7 @@ class _Row:
         self.cut = textgen.StopText(stops)
         self.eot = getattr(tokenizer, "eot", None)
         self.ids, self.ended = [], False
+        self.tokenizer, self.context = tokenizer, list(prompt_ids)[-textgen.TextStream.CONTEXT:]
 
     @property
     def stopped(self) -> bool:
@@ -124,6 +126,27 @@ class _Row:
         if self.stopped:
             return ""
         return self.cut.push(self.stream.finish()) + self.cut.finish()
+
+    def generated(self) -> int:
+        """The tokens the model generated for this choice, as usage.completion_tokens counts
+        them (vLLM's count, and OpenAI's): every token up to and including the one that ended
+        it, so the end-of-text token and a stop string's tokens count, though neither is in
+        the text; tokens the device made after that one in the same chunk do not (a server
+        that decodes a token at a time never makes them)."""
+        if self.ended:
+            return len(self.ids) + 1  # the end-of-text token
+        if not self.cut.stopped:
+            return len(self.ids)
+        # The first token whose text completes a stop string: back from the last token made
+        # (at most a chunk past it) while the text without it still holds a match.
+        k = len(self.ids)
+        while k > 1 and self._holds_stop(k - 1):
+            k -= 1
+        return k
+
+    def _holds_stop(self, k: int) -> bool:
+        text = textgen.text_after(self.tokenizer, self.context, self.ids[:k])
+        return len(textgen.cut_at_stop(text, self.cut.stops)) < len(text)
 
 
 @dataclasses.dataclass(eq=False)
@@ -369,7 +392,8 @@ class Engine:
                         if request.logprobs is not None else None)
             prompt_text = self.prompt_text(request.prompts[p]) if request.echo else ""
             choices.append(Choice(seq.index, prompt_text + row.text,
-                                  "stop" if row.stopped else "length", kept, logprobs))
+                                  "stop" if row.stopped else "length", kept, logprobs,
+                                  row.generated()))
         return choices
 
     def _ids_within(self, row: _Row) -> list[int]:
