@@ -192,8 +192,10 @@ def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
     assert set(fits["L(N)"]) >= {"E", "A", "alpha", "alpha_err"}  # 3 points: a fit, no error
     assert "L(N):" in first.stdout
 
-    # Each member is an ordinary run: 8 steps of 128 tokens, checkpointed.
+    # Each member is an ordinary run: 8 steps of 128 tokens, checkpointed; its wall_s is
+    # its checkpoint's count of seconds (over its invocations, tests/test_training.py)
     assert (workdir / "L2-d32_tok1K" / "checkpoints" / "8").is_dir()
+    assert json.loads((workdir / "L2-d32_tok1K" / "result.json").read_text())["wall_s"] > 0
 
     metrics_before = (workdir / "L1-d16_tok1K" / "metrics.jsonl").read_text()
     again = _scaling(f"--sweep={sweep_file}", f"--workdir={workdir}")

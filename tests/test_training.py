@@ -60,13 +60,27 @@ def test_copy_task_loss_on_the_copied_half_falls_near_zero(tmp_path):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    """... and its wall_s (what a scaling sweep reports for a member) adds the invocations:
+    the seconds to the checkpoint it resumed from, then the resumed part's (it was the
+    resumed part's alone)."""
+    import time
+
+    from transformer import checkpoint
     full, _ = _train(_config("copy", 30), tmp_path / "full")
     interrupted, _ = _train(_config("copy", 30), tmp_path / "split", stop_at=10)
     assert int(interrupted.step) == 10
+    began = time.perf_counter()
     resumed, _ = _train(_config("copy", 30), tmp_path / "split")
+    second = time.perf_counter() - began
     assert int(resumed.step) == 30
     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
+    ckpts = checkpoint.Checkpoints(tmp_path / "split", read_only=True)
+    at_10, at_30 = (ckpts.read_meta(s)["wall_s"] for s in (10, 30))
+    ckpts.close()
+    # at_30 - at_10 is the resumed call's time to its last save, within the call's seconds
+    # (and most of them: after the save, the call only waits for it and closes files)
+    assert 0 < at_10 and at_10 + 0.3 * second <= at_30 <= at_10 + second
 
 
 def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path):

@@ -44,6 +44,8 @@ def collect(workdir) -> list[dict]:
         row["val_loss"] = val[-1]["val_loss"] if val else math.nan
         row["val_bpb"] = val[-1].get("val_bpb", math.nan) if val else math.nan
         row.setdefault("group", "")
+        if row.get("wall_s") is None:  # a member resumed from a checkpoint older than the count
+            row["wall_s"] = math.nan
         # The first interval includes compilation; the median ignores it.
         rates = [r["tokens_per_s"] for r in train if "tokens_per_s" in r]
         row["tokens_per_s"] = float(np.median(rates)) if rates else math.nan

@@ -23,7 +23,6 @@ import dataclasses
 import itertools
 import json
 import math
-import time
 from pathlib import Path
 
 import ml_collections
@@ -265,9 +264,10 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
             continue
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
-        started = time.perf_counter()
         _, tokenizer = train(m.config, run_dir, log=log, progress=progress)
-        wall_s = time.perf_counter() - started
+        # The run's own count (its last checkpoint's wall_s): with a resumed member, the
+        # earlier invocations' seconds too, where this call's alone were reported.
+        wall_s = _run_wall_s(run_dir, m.config.train.steps)
         model = ModelConfig.from_config(resolve(m.config, tokenizer))  # vocab 0 filled
         counts = flops.param_counts(model)
         write_atomic(run_dir / "result.json", json.dumps(dict(
@@ -279,6 +279,21 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
             group=m.group), indent=1))
         trained.append(m.name)
     return trained
+
+
+def _run_wall_s(run_dir: Path, step: int):
+    """The seconds a run took to reach `step` over all its invocations (checkpoint meta's
+    wall_s), or None where its count began before wall_s was recorded."""
+    from transformer import checkpoint
+
+    try:
+        ckpts = checkpoint.Checkpoints(run_dir, read_only=True)
+        try:
+            return ckpts.read_meta(step).get("wall_s")
+        finally:
+            ckpts.close()
+    except checkpoint.CheckpointError:  # no checkpoint of that step: nothing to count
+        return None
 
 
 def write_atomic(path: Path, text: str) -> None:

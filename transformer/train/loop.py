@@ -98,6 +98,7 @@ class Loop:
     trace: StepTrace = NO_TRACE      # train.profile's jax.profiler trace
     eval_seconds: float = 0.0        # spent evaluating so far (the end-of-run line says it)
     tokens_before: int | None = None  # trained through the start step (None: start x batch)
+    wall_s: Any = None               # () -> the run's seconds so far, saved as meta wall_s
 
     def run(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
@@ -153,7 +154,8 @@ class Loop:
                 self.ckpts.save(done, state.params,
                                 {"step": state.step, "opt_state": state.opt_state},
                                 {**self.meta, "step": done, "skipped_steps": self.guard.skipped,
-                                 "tokens": reporter.tokens_at(done)})
+                                 "tokens": reporter.tokens_at(done),
+                                 "wall_s": None if self.wall_s is None else self.wall_s()})
         if signum:
             self.ckpts.wait()
             raise signals.Stopped(signum, done)

@@ -58,6 +58,7 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
 
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf,
     workdir.WorkdirError when another run holds the workdir."""
+    began = time.perf_counter()  # this invocation's share of the run's wall_s
     config, matmul = start_lib.resolve_config(config)  # this run's own copy, auto resolved
     main_process = jax.process_index() == 0
     if not main_process:
@@ -105,9 +106,16 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
         # a compile that failed here fails again, with its error, at that first step
         if alongside is not None:
             threads.submit(alongside, plan.config, plan.tokenizer, trainer)
+        # Seconds the run has taken to reach each checkpoint, over all its invocations (a
+        # resumed one adds its own to the restored checkpoint's; the work a killed one did
+        # after its last checkpoint is redone, not counted twice). None once unknown: a
+        # checkpoint saved before wall_s was recorded.
+        before = plan.found.meta.get("wall_s") if plan.found else 0.0
+        wall_s = None if before is None else \
+            (lambda: round(before + time.perf_counter() - began, 3))
         try:
             state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at,
-                              progress, hooks, log)
+                              progress, hooks, log, wall_s)
         finally:
             metrics_log.close()
     return state, plan.tokenizer
@@ -128,7 +136,7 @@ def finished_line(workdir, step: int) -> str:
 
 
 def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress, hooks,
-              log):
+              log, wall_s=None):
     t = plan.config.train
     begin, first = time.perf_counter(), int(state.step)
     end = t.steps if stop_at is None else min(stop_at, t.steps)
@@ -139,7 +147,7 @@ def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progres
     trace = StepTrace(t.profile, plan.workdir, log, enabled=jax.process_index() == 0)
     loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
                 data.tokens_per_byte(plan.tokenizer, plan.source), trace,
-                tokens_before=start_lib.tokens_trained(plan.found))
+                tokens_before=start_lib.tokens_trained(plan.found), wall_s=wall_s)
     try:
         state = loop.run(state, first, end)
     finally:
