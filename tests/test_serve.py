@@ -328,6 +328,33 @@ def test_a_folders_end_of_sequence_token_ends_a_choice(tmp_path):
         assert TokenNames(tokenizer)(end) == "</s>"
 
 
+def test_every_end_token_a_folder_lists_ends_a_choice(tmp_path):
+    """Llama 3.1's generation_config.json lists several end tokens (<|end_of_text|>,
+    <|eom_id|>, <|eot_id|>) and transformers stops at any: a choice ends at each of them,
+    the named eos_token first among them (the device's); only that one ended it before."""
+    import json
+
+    from transformer.data.tokenizers import BPETokenizer
+    from transformer.hf import load
+    from transformer.serve.engine import _Row
+
+    hf = BPETokenizer.train("the quick brown fox jumps over the lazy dog\n" * 20,
+                            280).hf_tokenizer()
+    hf.add_special_tokens(["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ends = [hf.token_to_id(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot_id|>"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
+    for config in ({"eos_token_id": ends[0]}, {}):
+        tokenizer = load.ending_at(load.tokenizer(tmp_path), tmp_path, config)
+        assert tokenizer.eot == ends[2] and set(tokenizer.end_ids) == set(ends)
+        for end in ends:
+            row = _Row(tokenizer, ())
+            text = row.push_many(tokenizer.encode("the fox") + [end] + tokenizer.encode(" dog"))
+            assert row.stopped and text + row.finish() == "the fox"
+            assert row.generated() == len(tokenizer.encode("the fox")) + 1  # the end counts
+
+
 def test_completion_tokens_count_through_the_token_that_ended_the_choice():
     """usage.completion_tokens counts what the model generated, as vLLM and OpenAI count it:
     the end-of-text token and a stop string's tokens too (neither is in the text), and

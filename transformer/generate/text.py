@@ -227,6 +227,21 @@ def precompile_sample(model_config: ModelConfig, params, tokenizer, prompt: str,
                       max_new_tokens=max_new_tokens, mesh=mesh, rules=rules)
 
 
+def end_ids(tokenizer) -> frozenset:
+    """Every token that ends a sample: the tokenizer's end-of-text token (`eot`, the one the
+    device stops at) and any others a Hugging Face folder names (`end_ids`, set by
+    hf/load.ending_at: Llama 3.1's generation_config.json lists <|end_of_text|>, <|eom_id|>
+    and <|eot_id|>), which the host checks."""
+    eot = getattr(tokenizer, "eot", None)
+    return frozenset(({int(eot)} if eot is not None else set())
+                     | {int(i) for i in getattr(tokenizer, "end_ids", ())})
+
+
+def _cut_at_end(row, ends) -> list:
+    """The row's tokens before the first of `ends`."""
+    return row[:next((k for k, t in enumerate(row) if t in ends), len(row))]
+
+
 def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, num_samples: int = 1,
                 max_new_tokens: int = 100, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, seed: int = 0, stop=None, end_at_eot: bool = True,
@@ -238,7 +253,9 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     on the host as tokens stream out (every decode.STREAM_EVERY tokens), and the device stops
     a row within that many tokens of its match (on a mesh, samples are only cut afterwards).
     `on_text(piece)`: called with sample 0's text as it is produced (one device only).
-    `end_at_eot`: a sample also ends where the model makes the tokenizer's end-of-text token.
+    `end_at_eot`: a sample also ends where the model makes the tokenizer's end-of-text token
+    (or any of its end tokens, `end_ids`: the others are checked on the host as stop strings
+    are).
     `mesh`, `rules`: decode on a device mesh (see decode.generate). `log`: where the notice
     about a prompt longer than the context goes (default: stderr)."""
     stops = stop_strings(stop)
@@ -248,21 +265,28 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     # that, and stop strings are the host's to check.
     eot = getattr(tokenizer, "eot", None) if end_at_eot else None
     eos_id = stop_id(tokenizer, stops) if eot is None else eot
+    ends = end_ids(tokenizer) if end_at_eot else frozenset()
     on_tokens = None
     watch = stops if (eot is not None or eos_id == -1) and mesh is None else []  # host checks
-    if on_text is not None or watch:
+    others = ends - {eos_id} if mesh is None else frozenset()  # end tokens the host checks
+    if on_text is not None or watch or others:
         streams = [TextStream(tokenizer, prompt_ids)
-                   for _ in range(num_samples if watch else 1)]
+                   for _ in range(num_samples if watch or others else 1)]
         cuts = [StopText(watch) for _ in streams]
+        ended = [False] * len(streams)
 
         def on_tokens(i, tokens_B, done_B):
             for b, (stream, cut) in enumerate(zip(streams, cuts)):
-                if done_B[b] or cut.stopped:
+                if done_B[b] or cut.stopped or ended[b]:
+                    continue
+                if int(tokens_B[b]) in others:  # one of the folder's other end tokens
+                    ended[b] = True
                     continue
                 piece = cut.push(stream.push(tokens_B[b]))
                 if b == 0 and piece and on_text is not None:
                     on_text(piece)
-            return [cut.stopped for cut in cuts] + [False] * (num_samples - len(cuts))
+            return [cut.stopped or e for cut, e in zip(cuts, ended)] + \
+                [False] * (num_samples - len(cuts))
 
     rows = decode.generate(model_config, params, [prompt_ids] * num_samples,
                            max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
@@ -273,6 +297,8 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
         if piece:
             on_text(piece)
     # The text each continuation adds after the prompt (a sentencepiece-style decoder spells
-    # the space of a first word that continues the prompt's text).
-    return [cut_at_stop(text_after(tokenizer, prompt_ids[-TextStream.CONTEXT:], row), stops)
+    # the space of a first word that continues the prompt's text), before its first end
+    # token (the device cut at eos_id only).
+    return [cut_at_stop(text_after(tokenizer, prompt_ids[-TextStream.CONTEXT:],
+                                   _cut_at_end(row, ends)), stops)
             for row in rows]

@@ -123,22 +123,47 @@ def ending_at(tokenizer, path, config: dict):
     """A folder's BPE tokenizer with its end-of-text token set to the folder's end of
     sequence, so that a choice ends where the model makes it: tokenizer_config.json's
     `eos_token` (what a chat template writes after a turn: `</s>`, `<|im_end|>`), else
-    config.json's `eos_token_id` (the first of a list). The tokenizer alone knows only
-    `<|endoftext|>`, so a Llama or Mistral folder's `</s>` ended nothing: every choice ran to
-    max_tokens, its text going on past the end (the token itself is not text)."""
+    config.json's `eos_token_id` (the first of a list), else generation_config.json's. The
+    tokenizer alone knows only `<|endoftext|>`, so a Llama or Mistral folder's `</s>` ended
+    nothing: every choice ran to max_tokens, its text going on past the end (the token
+    itself is not text).
+
+    `end_ids`: every id of config.json's and generation_config.json's `eos_token_id` (an id
+    or a list) besides: Llama 3.1 Instruct's generation_config.json lists <|end_of_text|>,
+    <|eom_id|> and <|eot_id|>, and `transformers` stops at any of them, so a sample or a
+    choice ends at any too (text.end_ids); only the first one ended it before."""
     if getattr(tokenizer, "kind", None) != "bpe":
         return tokenizer
     path = Path(path).expanduser()
-    spec = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
+    folder = path if path.is_dir() else path.parent
+    spec = folder / "tokenizer_config.json"
     name = json.loads(spec.read_text()).get("eos_token") if spec.is_file() else None
     name = name.get("content") if isinstance(name, dict) else name
     eos = tokenizer.hf_tokenizer().token_to_id(name) if isinstance(name, str) else None
-    if eos is None:
-        eos = config.get("eos_token_id")
-        eos = (eos[0] if eos else None) if isinstance(eos, list) else eos
+    listed = [*_ids(config.get("eos_token_id")),
+              *_ids(_read_json(folder / "generation_config.json").get("eos_token_id"))]
+    listed = [i for i in listed if 0 <= i < tokenizer.vocab_size]
+    if eos is None and listed:
+        eos = listed[0]
     if isinstance(eos, int) and 0 <= eos < tokenizer.vocab_size:
         tokenizer.eot = eos
+        tokenizer.end_ids = tuple(dict.fromkeys([eos, *listed]))
     return tokenizer
+
+
+def _ids(value) -> list[int]:
+    """An `eos_token_id` (an id, a list of them, or nothing) as a list of ids."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from `path`; {} where there is none (or it is not one)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def init_params(config):

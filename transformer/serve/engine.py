@@ -85,7 +85,7 @@ class _Row:
         # space of a first word only after another token (textgen.text_after).
         self.stream = textgen.TextStream(tokenizer, prompt_ids)
         self.cut = textgen.StopText(stops)
-        self.eot = getattr(tokenizer, "eot", None)
+        self.ends = textgen.end_ids(tokenizer)  # the end-of-text token, and a folder's others
         self.ids, self.ended = [], False
         self.tokenizer, self.context = tokenizer, list(prompt_ids)[-textgen.TextStream.CONTEXT:]
 
@@ -100,7 +100,7 @@ class _Row:
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
-        if self.eot is not None and int(token) == self.eot:  # the model ended the document
+        if int(token) in self.ends:  # the model ended the document
             piece = self.finish()
             self.ended = True
             return piece
@@ -115,10 +115,10 @@ class _Row:
         if self.stopped:
             return ""
         tokens = [int(t) for t in tokens]
-        if self.eot is not None and self.eot in tokens:
-            k = tokens.index(self.eot)
+        k = next((k for k, t in enumerate(tokens) if t in self.ends), None)
+        if k is not None:
             piece = self.push_many(tokens[:k]) if k else ""
-            return piece + self.push(self.eot)
+            return piece + self.push(tokens[k])
         self.ids.extend(tokens)
         return self.cut.push(self.stream.push_many(tokens))
 
