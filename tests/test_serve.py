@@ -366,8 +366,8 @@ def test_completion_tokens_count_through_the_token_that_ended_the_choice():
     text = "the quick fox jumps over"
     for tok in (ByteTokenizer(eot=True), CharTokenizer.from_text(text + "é", eot=True)):
         ids = tok.encode(text)
-        for stops, through in ((["fox", "zz"], "the quick fox"), (["ump", "fox j"], "the quick fox j"),
-                               (["é"], text), ([], text)):
+        for stops, through in ((["fox", "zz"], "the quick fox"),
+                               (["ump", "fox j"], "the quick fox j"), (["é"], text), ([], text)):
             row = _Row(tok, stops, tok.encode("over "))
             row.push_many(ids[:3])
             row.push_many(ids[3:])  # a chunk that runs past the stop
