@@ -27,7 +27,7 @@ BYTE_MODEL = ["--config=configs/tiny.py", "--config.model.d_model=32", "--config
               "--config.train.batch_size=8",
               "--config.train.warmup_steps=4", "--config.train.log_every=20",
               "--config.train.eval_every=60", "--config.train.eval_batches=1",
-              "--config.sample.max_new_tokens=4", "--config.sample.prompt=the ", "--no_progress"]
+              "--config.sample.max_new_tokens=0", "--config.sample.prompt=the ", "--no_progress"]
 CONTEXT = 64
 STEPS = 300
 
