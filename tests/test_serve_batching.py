@@ -169,10 +169,15 @@ def test_a_planted_bug_breaks_the_equality(monkeypatch):
     params = init_params(config, jax.random.key(1))
     rows = _rows()
     good = batched(config, params, rows)
+    # Slots of one config share their programs (slots._programs), traced before the plant:
+    # each planted Slots traces its own, and the shared ones stay unplanted.
+    uncached = slots_lib._programs.__wrapped__
     original = slots_lib._row_key
+    monkeypatch.setattr(slots_lib, "_programs", uncached)
     monkeypatch.setattr(slots_lib, "_row_key", lambda seed, choice, i: original(seed, 0, i))
     assert batched(config, params, rows) != good
     monkeypatch.undo()
+    monkeypatch.setattr(slots_lib, "_programs", uncached)
     original_forward = slots_lib._forward
     monkeypatch.setattr(slots_lib, "_forward", lambda c, p, t, cache, index_B, start_B:
                         original_forward(c, p, t, cache, index_B * 0 + index_B[0], start_B))

@@ -201,6 +201,17 @@ def row_buckets(max_batch: int) -> list[int]:
     return out + [max_batch]
 
 
+@functools.lru_cache(maxsize=16)
+def _programs(config: ModelConfig, chunk: int):
+    """The prefill, the chunk (one program per row bucket: its shapes) and the re-prefill (one
+    per row bucket and length) of `config`, shared by every Slots of that config and chunk:
+    a second Slots (a test's, a restarted engine's) traces and lowers none of them again."""
+    return (jax.jit(functools.partial(_prefill, config=config), donate_argnums=1),
+            jax.jit(functools.partial(_rows_chunk, config=config, steps=chunk),
+                    donate_argnums=1),
+            jax.jit(functools.partial(_reprefill_rows, config=config), donate_argnums=1))
+
+
 @dataclasses.dataclass
 class _Slot:
     """A busy row's history: the token in each filled slot (what a re-prefill reads; its
@@ -222,12 +233,7 @@ class Slots:
         self.i = np.zeros(max_batch, np.int32)
         self.live = np.zeros(max_batch, bool)
         self.slots: list[_Slot | None] = [None] * max_batch
-        self.prefill = jax.jit(functools.partial(_prefill, config=self.config),
-                               donate_argnums=1)
-        self.step = jax.jit(functools.partial(_rows_chunk, config=self.config, steps=chunk),
-                            donate_argnums=1)  # one program per row bucket (its shapes)
-        self.reprefill = jax.jit(functools.partial(_reprefill_rows, config=self.config),
-                                 donate_argnums=1)  # one program per row bucket
+        self.prefill, self.step, self.reprefill = _programs(self.config, chunk)
         self.row_buckets = row_buckets(max_batch)
         # Every row's knobs, as the chunk reads them (set at admit; a free row's are inert).
         self.start = np.zeros(max_batch, np.int32)
