@@ -33,6 +33,12 @@ def _full_logits(config, params, seq):
     return GPT(config).apply({"params": params}, jnp.asarray([seq]))[0]
 
 
+# Compiled as the decode program runs them (eagerly, each op of every shape was a program of
+# its own: ~4 s of the test below); index traced, so the steps share one program.
+_jit_forward = jax.jit(decode._forward, static_argnums=0)
+_jit_full_logits = jax.jit(_full_logits, static_argnums=0)
+
+
 @pytest.mark.device
 def test_prefill_and_decode_match_full_forward_at_every_position(tiny_config, tiny_params):
     """Left-padded prompts of several lengths in one batch, then teacher-forced decode steps."""
@@ -46,15 +52,15 @@ def test_prefill_and_decode_match_full_forward_at_every_position(tiny_config, ti
         prompt_BP[b, P - n:] = seq[:n]
     cache = kvcache.init_cache(len(seqs), tiny_config.n_layers, tiny_config.n_heads,
                                tiny_config.max_seq_len, tiny_config.head_dim)
-    logits_BPV, cache = decode._forward(tiny_config, tiny_params, prompt_BP, cache, 0, start_B)
+    logits_BPV, cache = _jit_forward(tiny_config, tiny_params, prompt_BP, cache, 0, start_B)
     steps = []
     for i in range(extra):
         token_B = np.array([seq[n + i] for seq, n in zip(seqs, lengths)], np.int32)
-        step_logits, cache = decode._forward(tiny_config, tiny_params, token_B[:, None], cache,
-                                             P + i, start_B)
+        step_logits, cache = _jit_forward(tiny_config, tiny_params, token_B[:, None], cache,
+                                          P + i, start_B)
         steps.append(step_logits[:, 0])
     for b, (seq, n) in enumerate(zip(seqs, lengths)):
-        full = _full_logits(tiny_config, tiny_params, seq)
+        full = _jit_full_logits(tiny_config, tiny_params, np.asarray(seq, np.int32))
         np.testing.assert_allclose(logits_BPV[b, P - n:], full[:n], atol=1e-5, rtol=1e-5)
         for i in range(extra):
             np.testing.assert_allclose(steps[i][b], full[n + i], atol=1e-5, rtol=1e-5)
