@@ -44,7 +44,8 @@ def test_adamw_with_zero_gradient_shrinks_exactly_the_decayed_roles(scan_layers)
     params = jax.tree.map(lambda x: x + 1.0, params)  # no zero leaves: decay must show
     opt = optimizer.make_optimizer(_train_config())
     zero = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = opt.update(zero, opt.init(params), params)
+    # one program (eagerly, every op of the update on every leaf shape was one)
+    updates = jax.jit(lambda z, p: opt.update(z, opt.init(p), p)[0])(zero, params)
     new = _leaf_names(optax.apply_updates(params, updates))
     old = _leaf_names(params)
     decayed = {p for p in old if _role_decayed(p)}
@@ -176,9 +177,12 @@ def test_the_accumulation_check_would_catch_an_unweighted_mean(monkeypatch):
     weights = np.ones((4, 16), np.float32)
     weights[1::2, 4:] = 0.0  # rows 1 and 3 (micro-batch 1 of 2) count 4 targets each
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
-    loss_full, _ = step_lib.accumulated_grad(params, batch, model, 1)
+    # jitted, as the step runs them (eagerly every op of the backward was a program: ~3 s)
+    loss_full, _ = jax.jit(step_lib.accumulated_grad, static_argnums=(2, 3))(params, batch,
+                                                                             model, 1)
     halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
-    unweighted = np.mean([float(step_lib.loss_fn(params, h, model)) for h in halves])
+    loss = jax.jit(step_lib.loss_fn, static_argnums=2)
+    unweighted = np.mean([float(loss(params, h, model)) for h in halves])
     assert abs(unweighted - float(loss_full)) > 100 * 1e-6 * float(loss_full)  # the tolerance above
 
 
@@ -191,7 +195,7 @@ def test_the_bench_peer_decays_the_same_tensors_as_we_do():
         model = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64,
                             max_seq_len=32, tie_embeddings=tied, matmul="plain")
         ours = {True: 0, False: 0}
-        params = init_params(model, jax.random.key(0))
+        params = jax.eval_shape(lambda k: init_params(model, k), jax.random.key(0))  # sizes
         for path, leaf in jax.tree_util.tree_leaves_with_path(params):
             ours[optimizer.decays(path)] += leaf.size
         peer = bench.PeerModel(model, base_config().train, seq_len=32)
