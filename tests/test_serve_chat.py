@@ -196,21 +196,31 @@ def test_a_folders_chat_template_is_rendered_sandboxed(tmp_path):
         evil.render(MESSAGES)
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The byte run exported once (`python -m transformer export`); each test copies it."""
+    folder = tmp_path_factory.mktemp("chat-export") / "hf"
+    out = run(["-m", "transformer", "export", f"--workdir={byte_run(tmp_path_factory)}",
+               f"--out={folder}"])
+    assert out.returncode == 0, out.stderr
+    return folder
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_a_folders_template_writes_its_special_tokens_as_transformers_does(tmp_path_factory,
-                                                                            split):
+                                                                            exported, split):
     """A folder's chat template writes its model's special tokens (bos_token, <|im_start|>,
     here eos_token after each turn); they were encoded as their spelling (<|endoftext|> as 13
     byte tokens), so a Llama- or Qwen-style folder's model never saw the turns it was trained
     on. The prompt is now the ids transformers' apply_chat_template gives on the folder, and
     the reply their completion: the token itself where the folder keeps special tokens whole,
     its spelling where it sets split_special_tokens (as this project's exports do)."""
+    import shutil
+
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("chat") / "hf"
-    out = run(["-m", "transformer", "export", f"--workdir={byte_run(tmp_path_factory)}",
-               f"--out={folder}"])
-    assert out.returncode == 0, out.stderr
+    shutil.copytree(exported, folder)
     spec = json.loads((folder / "tokenizer_config.json").read_text())
     spec["chat_template"] = ("{% for m in messages %}{{ m.role }}: {{ m.content }}"
                              "{{ eos_token }}{% endfor %}"
@@ -224,7 +234,8 @@ def test_a_folders_template_writes_its_special_tokens_as_transformers_does(tmp_p
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     # the end-of-text token once per turn, or never (its 13 characters instead)
     assert ids.count(256) == (0 if split else len(messages))
-    with server(folder, max_tokens=16, hf=True) as (url, _):
+    # one row: the two requests run one after the other (batching is test_serve_batching's)
+    with server(folder, "--max_batch=1", max_tokens=16, hf=True) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         reply = client.chat.completions.create(model="tiny", messages=messages,
                                                temperature=0.0, max_tokens=16)
