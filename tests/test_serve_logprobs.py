@@ -27,7 +27,9 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(workdir):
-    with server(workdir, max_tokens=32) as (url, _):
+    # one row: the requests come one at a time (batching is test_serve_batching's), and a
+    # server warms up (traces, lowers, compiles) every row bucket's programs
+    with server(workdir, "--max_batch=1", max_tokens=32) as (url, _):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
 
 
