@@ -94,11 +94,13 @@ def test_the_tied_head_trains_in_bf16_at_an_odd_width(d_model):
 def test_cached_decoding_matches_the_full_forward_in_fast_modes(setup, mode):
     config, params, tokens, _ = setup
     config = dataclasses.replace(config, matmul=mode)
-    full_BTV = GPT(config).apply({"params": params}, tokens[:, :9])
+    # jitted, as the decode program runs them (eagerly each op was a program of its own)
+    full_BTV = jax.jit(lambda p, t: GPT(config).apply({"params": p}, t))(params, tokens[:, :9])
     cache = decode.new_cache(config=config, batch=2)
     start_B = jnp.zeros((2,), jnp.int32)
-    prefill_BTV, cache = decode._forward(config, params, tokens[:, :8], cache, 0, start_B)
-    step_B1V, _ = decode._forward(config, params, tokens[:, 8:9], cache, 8, start_B)
+    forward = jax.jit(decode._forward, static_argnums=0)
+    prefill_BTV, cache = forward(config, params, tokens[:, :8], cache, 0, start_B)
+    step_B1V, _ = forward(config, params, tokens[:, 8:9], cache, 8, start_B)
     tol = 1e-4 if mode == "fast_f32" else 3e-2
     np.testing.assert_allclose(prefill_BTV, full_BTV[:, :8], atol=tol)
     np.testing.assert_allclose(step_B1V[:, 0], full_BTV[:, 8], atol=tol)
