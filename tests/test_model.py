@@ -42,7 +42,7 @@ def test_gradient_of_logit_t_wrt_later_positions_is_zero(tiny_config, tiny_param
         params = {**tiny_params, "pos_embed": pos_embed}
         return jnp.sum(_logits(tiny_config, params, tokens)[:, t] @ probe)
 
-    grad = jax.grad(logit_t)(tiny_params["pos_embed"])
+    grad = jax.jit(jax.grad(logit_t))(tiny_params["pos_embed"])  # as training's step runs it
     assert np.all(grad[t + 1:] == 0.0)
     assert np.all(np.abs(grad[: t + 1]).sum(axis=-1) > 0)  # earlier positions do matter
 
@@ -57,8 +57,10 @@ def test_scan_layers_equals_unrolled(tiny_config, tiny_params, remat):
                                _logits(tiny_config, tiny_params, tokens), atol=1e-5, rtol=1e-5)
     # and the gradients agree too (remat must only change what is stored, not what is computed)
     loss = lambda cfg, p: jnp.mean(_logits(cfg, p, tokens) ** 2)  # noqa: E731
-    g_scan = unstack_layers(jax.grad(lambda p: loss(scanned, p))(stacked), tiny_config.n_layers)
-    g_unrolled = jax.grad(lambda p: loss(tiny_config, p))(tiny_params)
+    # jitted, as the step runs them (eagerly, every op of the backward was a program)
+    g_scan = unstack_layers(jax.jit(jax.grad(lambda p: loss(scanned, p)))(stacked),
+                            tiny_config.n_layers)
+    g_unrolled = jax.jit(jax.grad(lambda p: loss(tiny_config, p)))(tiny_params)
     for a, b in zip(jax.tree.leaves(g_scan), jax.tree.leaves(g_unrolled)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
