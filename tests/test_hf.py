@@ -67,7 +67,8 @@ def random_params(mc, seed=0, scale=0.3):
 
 
 def our_logits(mc, params, tokens):
-    return np.asarray(GPT(mc).apply({"params": params}, jnp.asarray(tokens)))
+    forward = jax.jit(lambda p, x: GPT(mc).apply({"params": p}, x))  # one program, not each op
+    return np.asarray(forward(params, jnp.asarray(tokens)))
 
 
 def hf_logits(model, tokens):
