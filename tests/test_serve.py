@@ -143,7 +143,8 @@ def model_logprobs(workdir, ids) -> np.ndarray:
     from transformer.model.gpt import GPT
 
     run_ = load_run(workdir)
-    logits = GPT(run_.model_config).apply({"params": run_.params}, np.asarray([ids], np.int32))
+    forward = jax.jit(lambda p, x: GPT(run_.model_config).apply({"params": p}, x))  # not op by op
+    logits = forward(run_.params, np.asarray([ids], np.int32))
     logp = np.asarray(jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1))
     return logp[np.arange(len(ids) - 1), ids[1:]], logp, run_.tokenizer
 
