@@ -49,7 +49,8 @@ def killed_and_resumed(tmp_path_factory):
     workdir = tmp / "run"
     # Saves every 8 steps, logs every 4: a kill can land after a logged step that the
     # resumed run must redo (and log again).
-    args = train_args(corpus, workdir, steps=STEPS, ckpt_every=8)
+    args = train_args(corpus, workdir, steps=STEPS, ckpt_every=8,
+                      extra=["--config.sample.max_new_tokens=4"])  # the sample is an event here
     proc = start(args, step_delay=0.05)
     wait_for(lambda: committed(workdir) and max(logged_steps(workdir)) > max(committed(workdir)),
              proc)
