@@ -99,14 +99,32 @@ def test_argmax_is_jnp_argmax_ties_and_minus_inf_included():
 
 def test_draws_are_jax_random_categorical():
     """The draw is jax.random.categorical's (the same Gumbel noise and the same argmax), one
-    key per row or one for all rows: every published sampled text stays what it was."""
+    threefry key for all rows, or one per row given as its key data (`categorical_rows`, the
+    decoder's and the server's draw): row b's token is jax.random.categorical(key_b, its
+    logits), whatever the other rows and their number."""
     from transformer.generate.sampling import categorical, categorical_rows
     logits = jax.random.normal(jax.random.key(4), (5, V)) * 2.0
     for seed in range(20):
         key = jax.random.key(seed)
         np.testing.assert_array_equal(jax.jit(categorical)(key, logits),
                                       jax.random.categorical(key, logits))
-        rbg = [jax.random.wrap_key_data(jnp.tile(jax.random.key_data(jax.random.fold_in(key, b)),
-                                                 2), impl="unsafe_rbg") for b in range(5)]
-        expected = [int(jax.random.categorical(k, logits[b])) for b, k in enumerate(rbg)]
-        assert np.asarray(jax.jit(categorical_rows)(logits, rbg)).tolist() == expected
+        keys_B2 = jax.random.key_data(jax.vmap(lambda b: jax.random.fold_in(key, b))(
+            jnp.arange(5)))
+        expected = [int(jax.random.categorical(jax.random.wrap_key_data(keys_B2[b]), logits[b]))
+                    for b in range(5)]
+        assert np.asarray(jax.jit(categorical_rows)(logits, keys_B2)).tolist() == expected
+
+
+def test_row_noise_is_jax_random_gumbel_of_the_row_key_bit_for_bit():
+    """sampling's unrolled Threefry-2x32 (one fused computation over [B, V], not a random-bits
+    call per row) gives jax.random.bits of each row's threefry key exactly, and gumbel_rows
+    jax.random.gumbel's noise: every row a function of its own key only."""
+    from transformer.generate.sampling import gumbel_rows, threefry2x32
+    keys = jax.random.split(jax.random.key(11), 16)
+    keys_B2 = jax.random.key_data(keys)
+    for n in (1, 257):
+        j_1N = jnp.arange(n, dtype=jnp.uint32)[None]
+        hi, lo = jax.jit(threefry2x32)(keys_B2[:, :1], keys_B2[:, 1:], jnp.zeros_like(j_1N), j_1N)
+        np.testing.assert_array_equal(hi ^ lo, jnp.stack([jax.random.bits(k, (n,)) for k in keys]))
+        np.testing.assert_array_equal(jax.jit(gumbel_rows, static_argnums=1)(keys_B2, n),
+                                      jnp.stack([jax.random.gumbel(k, (n,)) for k in keys]))

@@ -72,7 +72,9 @@ def streamed(client, **kwargs) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("knobs", [
     dict(n=1, temperature=0.0, top_k=0, top_p=1.0, seed=0),          # greedy
-    dict(n=3, temperature=1.0, top_k=10, top_p=0.95, seed=7),        # sampled, one batch
+    # sampled, one batch; a seed whose 3 texts all run to max_tokens (seed 7's made the
+    # end-of-text token once the row noise became threefry's, docs/sampling.md)
+    dict(n=3, temperature=1.0, top_k=10, top_p=0.95, seed=1),
 ], ids=["greedy", "sampled"])
 def test_text_equals_sample_py_streamed_and_not(workdir, client, knobs):
     max_tokens = 40

@@ -277,11 +277,10 @@ def test_sample_rows_gives_each_row_its_token_alone(filters):
     top_k = np.array([0, 5, 0, 0, 3, 40] if filters else [0] * B, np.int32)
     top_p = np.array([1.0, 1.0, 0.8, 0.5, 1.0, 0.9] if filters else [1.0] * B, np.float32)
     for seed in range(5):
-        keys = [jax.random.wrap_key_data(jnp.tile(slots_lib._row_key(seed, b, 0), 2),
-                                         impl="unsafe_rbg") for b in range(B)]
-        together = jax.jit(sampling.sample_rows)(logits_BV, keys, temperature, top_k, top_p)
-        alone = [int(sampling.sample(logits_BV[b:b + 1], [keys[b]], temperature[b], top_k[b],
-                                     top_p[b])[0]) for b in range(B)]
+        keys_B2 = jnp.stack([slots_lib._row_key(seed, b, 0) for b in range(B)])
+        together = jax.jit(sampling.sample_rows)(logits_BV, keys_B2, temperature, top_k, top_p)
+        alone = [int(sampling.sample(logits_BV[b:b + 1], keys_B2[b:b + 1], temperature[b],
+                                     top_k[b], top_p[b])[0]) for b in range(B)]
         assert np.asarray(together).tolist() == alone
 
 

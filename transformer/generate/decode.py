@@ -208,10 +208,7 @@ class _Loop(NamedTuple):
     def emit(self, state: _State, logits_BV) -> _State:
         """Samples token i from logits_BV and records it."""
         temperature, top_k, top_p, eos_id = self.knobs
-        keys_B2 = self.keys_NB2[state.i]
-        row_keys = [jax.random.wrap_key_data(jnp.tile(keys_B2[b], 2), impl="unsafe_rbg")
-                    for b in range(keys_B2.shape[0])]
-        token_B = sampling.sample(logits_BV, row_keys, temperature, top_k, top_p)
+        token_B = sampling.sample(logits_BV, self.keys_NB2[state.i], temperature, top_k, top_p)
         token_B = jnp.where(state.done_B, PAD_ID, token_B)
         done_B = state.done_B | (token_B == eos_id)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
@@ -323,9 +320,9 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     # Row b's key at step i = fold_in(fold_in(key, b), i): the first k tokens do not depend
     # on how many are asked for, and row b's tokens not on how many rows decode with it
     # (sample b of seed s is the same text at --num_samples=1, 2, ...). Computed before the
-    # loops and used there as counter-based (`unsafe_rbg`) keys: XLA-CPU lowers threefry to a
-    # while loop, and a loop nested in the decode body made XLA copy every layer's cache on
-    # every step.
+    # loops; there the noise is sampling.gumbel_rows' unrolled threefry: XLA-CPU lowers
+    # jax.random's threefry to a while loop, and a loop nested in the decode body made XLA
+    # copy every layer's cache on every step.
     keys_NB2 = _step_keys(key, 0, budget, B)
     loop = _Loop(config, params, keys_NB2, (temperature, top_k, top_p, eos_id), n,
                  stream_id if stream else None, budget)

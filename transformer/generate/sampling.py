@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _per_row(knob):
@@ -76,25 +77,61 @@ def categorical(key, logits_BV):
     return argmax(logits_BV + jax.random.gumbel(key, logits_BV.shape, logits_BV.dtype))
 
 
-def categorical_rows(logits_BV, keys):
-    """Row b drawn with keys[b] (a sequence of B keys): jax.random.categorical(keys[b],
-    logits_BV[b]) for each row, one argmax for all rows."""
-    noise_BV = jnp.stack([jax.random.gumbel(k, logits_BV.shape[-1:], logits_BV.dtype)
-                          for k in keys])
-    return argmax(logits_BV + noise_BV)
+# Threefry-2x32's rotations, four rounds each, alternating (Salmon et al. 2011; jax.random's).
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k0, k1, x0, x1):
+    """Threefry-2x32 with 20 rounds (jax.random's hash) of the counters (x0, x1) under the key
+    (k0, k1), all uint32 arrays that broadcast together: elementwise ops, fully unrolled, so
+    XLA fuses them into one loop over the elements. jax.random's own threefry runs on XLA-CPU
+    as a rolled while loop, which nested in the decode loop made XLA copy the cache."""
+    ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for n in range(5):
+        for r in _ROTATIONS[n % 2]:
+            x0 = x0 + x1
+            x1 = x0 ^ ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r)))
+        x0 = x0 + ks[(n + 1) % 3]
+        x1 = x1 + ks[(n + 2) % 3] + np.uint32(n + 1)
+    return x0, x1
+
+
+def gumbel_rows(keys_B2, V: int):
+    """[B, V] float32 Gumbel noise, row b's from its own key only: exactly
+    jax.random.gumbel(wrap_key_data(keys_B2[b]), (V,)) for a threefry key's data keys_B2[b]
+    (its bits are threefry2x32(key, (0, j)) xor-ed, j the vocabulary index, as
+    jax_threefry_partitionable draws them; then the same uniform in [tiny, 1) and -log(-log)).
+    One computation over [B, V], not a random-bits call per row: its ops do not grow with B."""
+    keys_B2 = jnp.asarray(keys_B2, jnp.uint32)
+    j_1V = jnp.arange(V, dtype=jnp.uint32)[None, :]
+    hi_BV, lo_BV = threefry2x32(keys_B2[:, :1], keys_B2[:, 1:], jnp.zeros_like(j_1V), j_1V)
+    bits_BV = hi_BV ^ lo_BV
+    one = jnp.float32(1.0)
+    floats_BV = jax.lax.bitcast_convert_type(
+        (bits_BV >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32) - one
+    tiny = jnp.float32(jnp.finfo(jnp.float32).tiny)
+    uniform_BV = jnp.maximum(tiny, floats_BV * (one - tiny) + tiny)
+    return -jnp.log(-jnp.log(uniform_BV))
+
+
+def categorical_rows(logits_BV, keys_B2):
+    """Row b drawn with its own threefry key, given as key data keys_B2[b] ([B, 2] uint32):
+    jax.random.categorical(wrap_key_data(keys_B2[b]), logits_BV[b]) for each row (the same
+    noise, `gumbel_rows`), one argmax for all rows."""
+    return argmax(logits_BV + gumbel_rows(keys_B2, logits_BV.shape[-1]))
 
 
 def sample(logits_BV, key, temperature, top_k, top_p):
     """One token per row: argmax when temperature is 0, else a draw from the filtered softmax.
 
-    `key`: one key for the whole batch, or a sequence of one key per row. With row keys each
-    row's draw depends on its own key and logits only, not on how many rows are drawn with
-    it (one draw over [B, V] with one key gives row 0 other noise at B = 1 than at B = 2).
-    The rows are drawn one by one, not under vmap: vmapping the `unsafe_rbg` keys the decoder
-    uses would draw every row from the first row's key."""
+    `key`: one key for the whole batch, or the data of one threefry key per row ([B, 2]
+    uint32, `categorical_rows`). With row keys each row's draw depends on its own key and
+    logits only, not on how many rows are drawn with it (one draw over [B, V] with one key
+    gives row 0 other noise at B = 1 than at B = 2)."""
     def draw(logits_BV):
         filtered_BV = filter_logits(logits_BV, temperature, top_k, top_p)
-        if isinstance(key, (list, tuple)):
+        if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
             return categorical_rows(filtered_BV, key)
         return categorical(key, filtered_BV)
 
@@ -105,8 +142,9 @@ def sample(logits_BV, key, temperature, top_k, top_p):
     return jax.lax.cond(temperature > 0, draw, greedy, logits_BV).astype(jnp.int32)
 
 
-def sample_rows(logits_BV, keys, temperature_B, top_k_B, top_p_B):
-    """One token per row, each row with its own knobs and key (a sequence of B keys): the
+def sample_rows(logits_BV, keys_B2, temperature_B, top_k_B, top_p_B):
+    """One token per row, each row with its own knobs and key (keys_B2: a threefry key's data
+    per row, as `categorical_rows` takes them): the
     token `sample` gives that row alone. For continuous batching, where rows of different
     requests share one step. Greedy rows take the argmax; the draw and the sort are skipped
     when no row needs them (the filters, with top_k = 0 and top_p = 1 everywhere, keep every
@@ -118,7 +156,7 @@ def sample_rows(logits_BV, keys, temperature_B, top_k_B, top_p_B):
         filtered_BV = jax.lax.cond(
             filtering, lambda x: filter_logits(x, temperature_B, top_k_B, top_p_B),
             lambda x: x / jnp.maximum(temperature_B, 1e-6)[:, None], logits_BV)
-        return categorical_rows(filtered_BV, keys)
+        return categorical_rows(filtered_BV, keys_B2)
 
     drawn_B = jax.lax.cond(jnp.any(temperature_B > 0), draw,
                            lambda x: jnp.zeros(x.shape[0], jnp.int32), logits_BV)

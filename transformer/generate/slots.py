@@ -68,8 +68,7 @@ def _row_key(seed, choice, i):
 
 def _sample_row(logits_1V, key_data, temperature, top_k, top_p):
     """One row's token, through sampling.sample exactly as decode's loop calls it."""
-    key = jax.random.wrap_key_data(jnp.tile(key_data, 2), impl="unsafe_rbg")
-    return sampling.sample(logits_1V, [key], temperature, top_k, top_p)[0]
+    return sampling.sample(logits_1V, key_data[None], temperature, top_k, top_p)[0]
 
 
 def _forward(config, params, tokens_BT, cache, index_B, start_B):
@@ -123,13 +122,12 @@ def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, seed_R, choice_R,
     writes are then the same), with its own positions, key and knobs. Returns (cache,
     token_R). Each row's token is the one its one-row prefill gives: its matmul rows, key
     and knobs are its own (sample_rows, as the chunk samples)."""
-    G, R = config.kv_heads, slot_R.shape[0]
+    G = config.kv_heads
     rows_cache = _take_rows(cache, slot_R, G)
     logits_RWV, rows_cache = decode._forward(config, params, tokens_RW, rows_cache, 0, start_R)
     cache = _put_rows(cache, slot_R, rows_cache, G, unique=False)
-    keys = [jax.random.wrap_key_data(jnp.tile(_row_key(seed_R[r], choice_R[r], i_R[r]), 2),
-                                     impl="unsafe_rbg") for r in range(R)]
-    token_R = sampling.sample_rows(logits_RWV[:, -1], keys, temperature_R, top_k_R, top_p_R)
+    keys_R2 = jax.vmap(_row_key)(seed_R, choice_R, i_R)
+    token_R = sampling.sample_rows(logits_RWV[:, -1], keys_R2, temperature_R, top_k_R, top_p_R)
     return cache, token_R
 
 
@@ -160,9 +158,7 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
         logits_B1V, cache = _forward(config, params, rows.token[:, None], cache, rows.index,
                                      start_B)
         # Each row with its own knobs and key: the token decode's sampling gives it alone.
-        keys = [jax.random.wrap_key_data(jnp.tile(keys_KB2[t, b], 2), impl="unsafe_rbg")
-                for b in range(B)]
-        token_B = sampling.sample_rows(logits_B1V[:, 0], keys, temperature_B, top_k_B,
+        token_B = sampling.sample_rows(logits_B1V[:, 0], keys_KB2[t], temperature_B, top_k_B,
                                        top_p_B)
         token_B = jnp.where(go_B, token_B, rows.token)
         out_BK = jax.lax.dynamic_update_slice(
