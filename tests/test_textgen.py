@@ -158,7 +158,7 @@ def test_a_sample_ends_at_any_of_a_folders_end_tokens(tiny_config, tiny_params):
     from transformer.serve import api
     from transformer.serve.engine import Engine
     prompt = [1, 2, 3]
-    free, position, _ = _free_sample_and_an_end_token(tiny_config, tiny_params, prompt)
+    free, position, _, seed = _free_sample_and_an_end_token(tiny_config, tiny_params, prompt)
     other = int(free[position])  # above every token before it
     # the device's end token: above the tokens before `position` too, and not `other`
     device = next(i for i in range(max([*prompt, *free[:position]]) + 1, other + 2)
@@ -168,10 +168,10 @@ def test_a_sample_ends_at_any_of_a_folders_end_tokens(tiny_config, tiny_params):
     prompt_text = tok.decode(prompt)
     streamed = []
     [alone] = sample_text(tiny_config, tiny_params, tok, prompt_text, max_new_tokens=24,
-                          seed=0, on_text=streamed.append)
+                          seed=seed, on_text=streamed.append)
     assert alone == "".join(streamed) == tok.decode(free[:position])
     engine = Engine(tiny_config, tiny_params, tok, max_tokens=24)
-    request = api.parse_completion(dict(prompt=prompt_text, max_tokens=24, seed=0), 24)
+    request = api.parse_completion(dict(prompt=prompt_text, max_tokens=24, seed=seed), 24)
     job = engine.submit(lambda job: engine.complete(job, request, [prompt]))
     [choice] = job.future.result(timeout=120)
     engine.close()
