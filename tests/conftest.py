@@ -1,5 +1,6 @@
 """Shared fixtures: tiny model shapes that compile in a second."""
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -349,6 +350,19 @@ def fork_popen(args, cwd=ROOT, env=None, stderr_to_stdout=False):
                                 stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE)
     return ForkedProcess(args, cwd=cwd, env=env, stderr_to_stdout=stderr_to_stdout)
+
+
+@contextlib.contextmanager
+def reaped(procs):
+    """Yields procs; whichever of them still runs when the block ends (a failed assertion, a
+    timeout) is killed and waited for, so no test leaves a process behind."""
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def fork_run(*args, cwd=ROOT, timeout=300, env=None) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import jax
-from conftest import fork_popen, fork_run, free_port, simulated_devices_env
+from conftest import fork_popen, fork_run, free_port, reaped, simulated_devices_env
 
 from transformer import checkpoint
 from transformer import config as config_lib
@@ -34,9 +34,9 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
             "--config.train.ckpt_every=1000", "--config.mesh.fsdp=2",
             f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{free_port()}",
             "--num_processes=2"]
-    procs = [fork_popen(args + [f"--process_id={i}"], cwd=ROOT,
-                        env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02")) for i in range(2)]
-    try:
+    with reaped([fork_popen(args + [f"--process_id={i}"], cwd=ROOT,
+                            env=_env(TRANSFORMER_TEST_STEP_DELAY="0.02"))
+                 for i in range(2)]) as procs:
         deadline = time.monotonic() + 120
         while not (workdir / "metrics.jsonl").exists():  # written from the first steps on
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
@@ -45,11 +45,6 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
         time.sleep(0.5)  # well inside the loop
         procs[1].send_signal(signal.SIGTERM)
         outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     statuses = [p.returncode for p in procs]
     assert statuses == [128 + signal.SIGTERM] * 2, [err[-2000:] for _, err in outputs]
     # Only process 0 prints: the other's stdout (where Gloo announces its connections) is
@@ -78,15 +73,9 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
     run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
 
     port = free_port()
-    procs = [fork_popen(["tests/multihost_resume_check.py", tmp_path, port, i], cwd=ROOT,
-                        env=_env()) for i in range(2)]
-    try:
+    with reaped([fork_popen(["tests/multihost_resume_check.py", tmp_path, port, i], cwd=ROOT,
+                            env=_env()) for i in range(2)]) as procs:
         outputs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-2000:]
     found = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

@@ -16,7 +16,7 @@ from pathlib import Path
 import flax.linen as nn
 import numpy as np
 import pytest
-from conftest import fork_popen, fork_run, free_port, simulated_devices_env
+from conftest import fork_popen, fork_run, free_port, reaped, simulated_devices_env
 from jax.sharding import AbstractMesh, AxisType
 
 from transformer.config import ConfigError, base_config, validate
@@ -210,20 +210,14 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
             "--config.model.matmul=fast_f32"]
     port = free_port()
     cache = {"TRANSFORMER_CACHE": str(tmp_path / "cache")}
-    multi = [fork_popen(args + [f"--workdir={tmp_path / 'multi'}",
-                                f"--coordinator_address=127.0.0.1:{port}",
-                                "--num_processes=2", f"--process_id={i}"],
-                        cwd=ROOT, env=simulated_devices_env(2, **cache))
-             for i in range(2)]
-    try:
+    with reaped([fork_popen(args + [f"--workdir={tmp_path / 'multi'}",
+                                    f"--coordinator_address=127.0.0.1:{port}",
+                                    "--num_processes=2", f"--process_id={i}"],
+                            cwd=ROOT, env=simulated_devices_env(2, **cache))
+                 for i in range(2)]) as multi:
         single = fork_run(*args, f"--workdir={tmp_path / 'single'}", cwd=ROOT,
                           env=simulated_devices_env(4, **cache), timeout=600)
         outputs = [p.communicate(timeout=600) for p in multi]
-    finally:
-        for p in multi:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for p, (_, err) in zip(multi, outputs):
         assert p.returncode == 0, err[-3000:]
     assert single.returncode == 0, single.stderr[-3000:]
