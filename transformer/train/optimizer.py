@@ -39,7 +39,9 @@ A shape rule (`ndim >= 2`) gets this wrong twice: the per-head query/key/value b
 axis, so all norm scales and biases become 2-D and would be decayed.
 
 Schedules (`train.schedule`), each after a linear warmup over `train.warmup_steps` updates
-(lr/warmup_steps, 2·lr/warmup_steps, ..., lr: no update is wasted at lr = 0):
+(lr/warmup_steps, 2·lr/warmup_steps, ..., lr: no update is wasted at lr = 0; a warmup as
+long as the run or longer is squeezed into its first steps - 1 updates, so that the last
+one is still the schedule's end, lr·min_lr_ratio under cosine and WSD):
     cosine    cosine from lr down to exactly lr·min_lr_ratio at the last update
     wsd       warmup-stable-decay: lr held until the last `train.decay_fraction` of the steps,
               then down to exactly lr·min_lr_ratio (at the last update) along
