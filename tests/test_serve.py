@@ -283,6 +283,19 @@ def test_the_default_max_tokens_is_within_the_servers_limit():
     assert api.parse_completion({"prompt": PROMPT}, max_tokens_limit=512).max_tokens == 16
 
 
+def test_the_server_takes_exactly_the_seeds_sample_py_takes():
+    """One range for both (decode.MAX_SEED): a seed the server took and decode refused failed
+    on the device thread; one it refused and sample.py took could not be asked of it."""
+    from transformer.generate import decode
+    from transformer.serve import api
+    top = decode.MAX_SEED
+    assert api.parse_completion({"prompt": PROMPT, "seed": top}, 8).seed == top
+    for seed in (-1, top + 1):
+        with pytest.raises(api.ApiError, match="seed"):
+            api.parse_completion({"prompt": PROMPT, "seed": seed}, 8)
+    assert 0 <= api.parse_completion({"prompt": PROMPT}, 8).seed <= top  # a fresh one
+
+
 def test_a_padded_vocabularys_padding_ids_are_not_prompt_tokens():
     """A run with model.vocab_multiple (257 byte tokens padded to 320) took ids 257..319 in a
     prompt: text from embedding rows no text trained, and with logprobs an HTTP 500 (their

@@ -31,6 +31,8 @@ import secrets
 import time
 import uuid
 
+from transformer.generate.decode import MAX_SEED
+
 MAX_STOPS = 4
 MAX_LOGPROBS = 5
 MAX_N = 16
@@ -176,8 +178,8 @@ def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens",
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
         # top_k past the vocabulary keeps every token; past int32 it cannot reach the device
         top_k=_number(body, "top_k", 0, int, 0, 2**31 - 1),
-        seed=_number(body, "seed", 0, int, 0, 2**31 - 1) if seed is not None
-        else secrets.randbelow(2**31),
+        seed=_number(body, "seed", 0, int, 0, MAX_SEED) if seed is not None
+        else secrets.randbelow(MAX_SEED + 1),
         stop=_stops(body),
         n=_number(body, "n", 1, int, 1, MAX_N),
         stream=bool(body.get("stream")),
