@@ -86,6 +86,76 @@ def test_top_k_zero_and_top_p_one_filter_nothing(logits):
     np.testing.assert_allclose(scaled, np.asarray(logits) / 0.5, rtol=1e-6)
 
 
+def _kept_by_sorting(scaled, k, p):
+    """The filters' rule on one row, the way it reads: sort descending, keep the k largest
+    (ties too), then walk down keeping each value while the probability strictly above it
+    is below p times the total. float64 numpy. Returns the kept mask, and whether some
+    value's mass lies within rounding of the cut (where float32 sums may decide either way)."""
+    V = len(scaled)
+    desc = np.sort(scaled)[::-1]
+    kth = desc[min(max(k, 1), V) - 1] if k > 0 else -np.inf
+    topk = np.where(scaled >= kth, scaled, -np.inf)
+    if p >= 1:
+        return np.isfinite(topk), False
+    weights = np.exp(topk - topk.max())
+    total, floor, close = weights.sum(), np.inf, False
+    for v in np.unique(topk[np.isfinite(topk)])[::-1]:
+        above = weights[topk > v].sum()
+        close |= abs(above - p * total) < 1e-5 * total
+        if above < p * total:
+            floor = v
+    return np.isfinite(topk) & (topk >= floor), close
+
+
+def test_filters_keep_what_sorting_keeps():
+    """filter_logits (thresholds searched bit by bit, no sort) keeps exactly the tokens the
+    sort-based rule keeps: ties at the k-th value, repeated values at the top-p cut, -inf
+    logits, k past the vocabulary, per-row knobs, a vocabulary that is not a multiple of
+    the search's 128 lanes."""
+    rng = np.random.default_rng(0)
+    V_odd = 300
+    checked = 0
+    for trial in range(60):
+        logits = rng.integers(-6, 6, (4, V_odd)).astype(np.float32)  # many ties
+        if trial % 2:
+            logits = (rng.normal(size=(4, V_odd)) * 3).astype(np.float32)
+        logits[rng.random((4, V_odd)) < 0.2] = -np.inf
+        temps = rng.choice([0.3, 1.0, 2.5], 4).astype(np.float32)
+        ks = rng.choice([0, 1, 5, 40, 299, 300, 1000], 4).astype(np.int32)
+        ps = rng.choice([0.05, 0.5, 0.9, 0.95, 1.0], 4).astype(np.float32)
+        kept = np.isfinite(np.asarray(jax.jit(filter_logits)(logits, temps, ks, ps)))
+        for b in range(4):
+            scaled = logits[b].astype(np.float64) / temps[b]
+            expected, close = _kept_by_sorting(scaled, int(ks[b]), float(ps[b]))
+            if not close:
+                np.testing.assert_array_equal(kept[b], expected, err_msg=f"{trial} {b}")
+                checked += 1
+    assert checked > 200
+
+
+def test_skipping_the_sort_when_nothing_filters_draws_the_same_tokens():
+    """With top_k = 0 and top_p = 1 (every row) the sampler skips the sort: what it draws from
+    is filter_logits' output bit for bit (-inf logits and per-row temperatures included), so
+    every token is the one the filtered draw gives; a row that filters still filters."""
+    from transformer.generate.sampling import _filtered, categorical, sample_rows
+    logits = np.array(jax.random.normal(jax.random.key(5), (4, V)) * 3.0)
+    logits[:, ::7] = -np.inf
+    temps = jnp.array([0.5, 1.0, 1.7, 3.0])
+    for t in (0.7, temps):
+        np.testing.assert_array_equal(jax.jit(_filtered)(logits, t, 0, 1.0),
+                                      filter_logits(logits, t, 0, 1.0))
+    keys = jax.random.split(jax.random.key(6), 200)
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(lambda k: sample(logits, k, 1.3, 0, 1.0)))(keys),
+        jax.vmap(lambda k: categorical(k, filter_logits(logits, 1.3, 0, 1.0)))(keys))
+    # per row: row 2 asks for its two likeliest tokens, the others filter nothing
+    rows = jax.jit(jax.vmap(lambda k: sample_rows(
+        logits, jax.random.key_data(jax.random.split(k, 4)), temps, jnp.array([0, 0, 2, 0]),
+        jnp.ones(4))))(keys)
+    assert set(np.asarray(rows[:, 2])) == set(np.argsort(-logits[2])[:2])
+    assert len(set(np.asarray(rows[:, 3]))) > 2
+
+
 def test_argmax_is_jnp_argmax_ties_and_minus_inf_included():
     """sampling.argmax (a max and a min of indices, fast on XLA-CPU) picks what jnp.argmax
     picks: the first of tied maxima, never a -inf (filtered) entry, for every row."""
