@@ -323,6 +323,10 @@ def test_tokens_after_the_end_token_are_padding(tiny_config, tiny_params):
     ([[1]], {"seed": 2**32}, "seed=4294967296"),
     ([[1]], {"seed": 2**64}, "seed="),
     ([[1]], {"seed": -1}, "seed=-1"),
+    # the device takes these as int32 / float32: past that numpy raised OverflowError
+    ([[1]], {"top_k": 2**31}, "top_k=2147483648: must be at most"),
+    ([[1]], {"max_new_tokens": 2**31}, "max_new_tokens=2147483648: must be at most"),
+    ([[1]], {"temperature": 1e39}, "temperature=1e\\+39: must be at most"),
 ])
 def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kwargs, match):
     kwargs = {"max_new_tokens": 4, **kwargs}

@@ -203,6 +203,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
+
+
 def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=ConfigError,
                    fewest=1):
     """The one check of sampling values: the config's sample section, sample.py's flags and
@@ -224,6 +228,16 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens, prefix="", error=C
             or max_new_tokens < fewest:
         fail("max_new_tokens", max_new_tokens, f"must be an integer >= {fewest}"
              + (" (0: no sample at the end of training)" if fewest == 0 else ""))
+    # The device takes the temperature as a float32, top_k and the token count as int32s:
+    # past them numpy raised OverflowError inside generate (a traceback; for the sample at
+    # the end of training, once the whole run had trained), and the temperature became inf.
+    if temperature > FLOAT32_MAX:
+        fail("temperature", temperature, f"must be at most {FLOAT32_MAX:.4g} (a float32)")
+    if top_k > INT32_MAX:
+        fail("top_k", top_k, f"must be at most {INT32_MAX:,} (any k past the vocabulary "
+             "keeps every token)")
+    if max_new_tokens > INT32_MAX:
+        fail("max_new_tokens", max_new_tokens, f"must be at most {INT32_MAX:,}")
 
 
 def to_dict(config: ml_collections.ConfigDict) -> dict:
