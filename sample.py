@@ -37,7 +37,8 @@ _STOP = flags.DEFINE_multi_string("stop", None, "End a sample before this text (
 _END_AT_EOT = flags.DEFINE_boolean("end_at_eot", True, "End a sample where the model makes "
                                    "the end-of-text token (the end of a document); "
                                    "--noend_at_eot goes on past it (the token is not printed).")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --workdir (default: "
+                             "the latest).")
 _NO_STREAM = flags.DEFINE_boolean("no_stream", False, "Print a sample when it is complete, "
                                   "not as it is produced.")
 
@@ -49,6 +50,10 @@ def main(argv):
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     if (_WORKDIR.value is None) == (_HF.value is None):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    if _HF.value is not None and _STEP.value is not None:
+        # A folder holds one set of weights: --step was ignored, its text that of the folder.
+        cli.fail(f"--step={_STEP.value} picks a checkpoint of a --workdir run; --hf={_HF.value} "
+                 "holds one set of weights: drop --step")
     if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
         cli.fail(_no_folder(Path(_WORKDIR.value)))
     if not _PROMPT.value:

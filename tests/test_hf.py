@@ -425,6 +425,15 @@ def test_sample_refuses_an_hf_folder_whose_ids_have_no_text(tmp_path):
     assert "tokenizer.json" in line and "vocab_size=320" in line
 
 
+def test_sample_refuses_a_step_of_an_hf_folder(tmp_path):
+    """A folder has no checkpoints: --step=N with --hf was accepted and ignored (the folder's
+    weights sampled, whatever N said)."""
+    result = run_cli("sample.py", f"--hf={tmp_path}", "--step=5", "--prompt=ab")
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --step=5") and "--workdir" in line
+
+
 @pytest.mark.parametrize("kind", ["byte", "char"])
 def test_init_from_an_exported_run_keeps_its_tokenizer_kind_and_says_what_it_loaded(kind,
                                                                                      tmp_path):
