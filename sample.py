@@ -123,6 +123,8 @@ def _load():
         # The folder's end of sequence (Llama's and Mistral's </s>, not <|endoftext|>) is
         # where --end_at_eot ends a sample, as serve --hf ends a choice there.
         config = hf_load.read_config(_HF.value, f"--hf={_HF.value}")
+        # The folder's BOS first, as transformers' tokenizer(prompt) puts it (Llama's <s>).
+        tokenizer = hf_load.starting_at(tokenizer, _HF.value)
         return "hf", model_config, params, hf_load.ending_at(tokenizer, _HF.value, config)
     from transformer import checkpoint
 

@@ -553,6 +553,48 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
                                                                x)[..., :257], atol=TOL)
 
 
+def test_greedy_sample_of_a_folder_whose_tokenizer_adds_a_bos_equals_hf_generate(tmp_path):
+    """A Llama folder whose tokenizer.json puts <s> before every text (Llama 2, TinyLlama):
+    transformers' tokenizer(prompt) starts with it, and so must sample.py --hf's prompt; it
+    was left out (our tokenizer encodes text as text), and the greedy text differed."""
+    import json
+
+    import torch
+    import transformers
+    from tokenizers import processors
+    bpe = tokenizers.BPETokenizer.train("hello world, the quick brown fox jumps\n" * 20, 300)
+    hf_tok = bpe.hf_tokenizer()
+    hf_tok.add_special_tokens(["<s>"])
+    bos = hf_tok.token_to_id("<s>")
+    hf_tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                          special_tokens=[("<s>", bos)])
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=bos + 1, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "llama")
+    hf_tok.save(str(tmp_path / "llama" / "tokenizer.json"))
+    (tmp_path / "llama" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>"}))
+    prompt = "hello world"
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")(prompt)["input_ids"]
+    assert ids[0] == bos
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12,
+                             min_new_tokens=12, pad_token_id=0)
+    theirs = out[0, len(ids):].tolist()
+    mc, params, _ = hf_import.load_pretrained(tmp_path / "llama")
+    without_bos = decode.generate(mc, params, [ids[1:]], max_new_tokens=12, temperature=0.0)
+    assert without_bos[0] != theirs  # the BOS matters to this model
+    result = run_cli("sample.py", f"--hf={tmp_path / 'llama'}", f"--prompt={prompt}",
+                     "--temperature=0", "--max_new_tokens=12", "--noend_at_eot")
+    assert result.returncode == 0, result.stderr
+    newlines = lambda t: t.replace("\r\n", "\n").replace("\r", "\n")  # noqa: E731 (text pipe)
+    assert result.stdout.split("---\n", 1)[1] == newlines(prompt + bpe.decode(theirs) + "\n")
+
+
 def test_sample_ends_at_the_folders_end_of_sequence_token(tmp_path):
     """sample.py --hf of a folder whose end token is not <|endoftext|> (config.json's
     eos_token_id, Llama's and Mistral's </s>): the sample ends where the model makes it

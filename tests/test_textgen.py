@@ -52,6 +52,17 @@ def test_a_prompt_longer_than_the_context_is_cut_with_one_note():
     assert len(notes) == 1
 
 
+def test_a_prompt_cut_to_the_context_keeps_the_folders_bos_first():
+    """A Hugging Face folder's BOS (prefix_ids, hf/load.starting_at) starts every prompt, a
+    cut one too: the model was trained to see it first."""
+    tok = tokenizers.ByteTokenizer(eot=True)
+    tok.prefix_ids = (256,)
+    notes = []
+    assert encode_prompt(tok, "abc", 8, log=notes.append) == [256, *b"abc"] and not notes
+    assert encode_prompt(tok, "abcdefghij", 4, log=notes.append) == [256, *b"hij"]
+    assert len(notes) == 1 and "last 3 tokens after its BOS" in notes[0]
+
+
 def test_stop_strings_cut_at_the_first_match_and_streams_hold_back_a_possible_start():
     from transformer.generate.text import StopText, cut_at_stop
     assert cut_at_stop("ab\ncd\nef", ["\n"]) == "ab"

@@ -120,14 +120,19 @@ class TextStream:
 
 def encode_prompt(tokenizer, prompt: str, max_seq_len: int, log=None) -> list[int]:
     """The prompt's token ids; one longer than the context is cut to its last max_seq_len
-    tokens, with a one-line notice through `log` (default: stderr)."""
+    tokens, with a one-line notice through `log` (default: stderr). A tokenizer with
+    `prefix_ids` (a Hugging Face folder's BOS, hf/load.starting_at) has them first, as
+    `transformers`' tokenizer(prompt) does; a cut prompt keeps them."""
+    prefix = [int(i) for i in getattr(tokenizer, "prefix_ids", ())][:max_seq_len - 1]
     ids = tokenizer.encode(prompt)
-    if len(ids) > max_seq_len:
+    room = max_seq_len - len(prefix)
+    if len(ids) > room:
         log = log or (lambda message: print(message, file=sys.stderr))
-        log(f"note: the prompt is {len(ids)} tokens and the model's context {max_seq_len}: "
-            f"continuing from its last {max_seq_len} tokens")
-        ids = ids[-max_seq_len:]
-    return ids
+        log(f"note: the prompt is {len(prefix) + len(ids)} tokens and the model's context "
+            f"{max_seq_len}: continuing from its last {room} tokens"
+            + (" after its BOS" if prefix else ""))
+        ids = ids[-room:]
+    return prefix + ids
 
 
 def stop_strings(stop) -> list[str]:

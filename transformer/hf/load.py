@@ -151,6 +151,36 @@ def ending_at(tokenizer, path, config: dict):
     return tokenizer
 
 
+def starting_at(tokenizer, path):
+    """A folder's BPE tokenizer with `prefix_ids` set: the ids its tokenizer.json's
+    post-processor puts before every text (Llama 2's and TinyLlama's `<s>`, Llama 3's
+    `<|begin_of_text|>`), which `transformers`' tokenizer(prompt), and so generate(), starts
+    from; textgen.encode_prompt puts them first. Our tokenizer encodes text as text
+    (tokenizers.ordinary: a training corpus gets no BOS), so `sample.py --hf` of such a folder
+    continued a prompt without the BOS its model was trained to see first: other text than
+    `transformers` gives on the same weights. None for GPT-2 (its post-processor adds
+    nothing) and for a folder this project exported (it has no post-processor);
+    tokenizer_config.json's `add_bos_token: false` drops it, as `transformers` does."""
+    if getattr(tokenizer, "kind", None) != "bpe":
+        return tokenizer
+    path = Path(path).expanduser()
+    folder = path if path.is_dir() else path.parent
+    if _read_json(folder / "tokenizer_config.json").get("add_bos_token") is False:
+        return tokenizer
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(tokenizer.hf_tokenizer().to_str())
+    tok.no_padding()
+    tok.no_truncation()
+    encoding = tok.encode("a", add_special_tokens=True)  # any text: what comes before it
+    prefix = []
+    for i, special in zip(encoding.ids, encoding.special_tokens_mask):
+        if not special:
+            break
+        prefix.append(int(i))
+    tokenizer.prefix_ids = tuple(prefix)
+    return tokenizer
+
+
 def _ids(value) -> list[int]:
     """An `eos_token_id` (an id, a list of them, or nothing) as a list of ids."""
     values = value if isinstance(value, list) else [value]
