@@ -52,16 +52,26 @@ def _score(params, tokens_1T, *, config: ModelConfig):
 
 def token_logprobs(config: ModelConfig, params, tokens: list[int], top: int = 0) -> LogProbs:
     """Each token's log-probability given the ones before it (the first has none), and the
-    `top` likeliest next tokens at every position. At most max_seq_len tokens."""
+    `top` likeliest next tokens at every position. At most max_seq_len tokens, each an id of
+    the vocabulary."""
     T = len(tokens)
     if not 0 < T <= config.max_seq_len:
         raise PromptError(f"{T} tokens to score: give 1 .. {config.max_seq_len} (the context)")
+    _check_ids(config, tokens)
     if not 0 <= top <= MAX_TOP:
         raise PromptError(f"top={top}: at most {MAX_TOP} alternatives")
     padded = np.zeros((1, prompt_bucket(T, config.max_seq_len)), np.int32)
     padded[0, :T] = tokens
     chosen, top_ids, top_lp = jax.device_get(_score(params, padded, config=config))
     return LogProbs(chosen[: T - 1], top_ids[:T, :top], top_lp[:T, :top])
+
+
+def _check_ids(config: ModelConfig, tokens) -> None:
+    """An id outside the vocabulary is refused: the embedding lookup would read no row (NaN
+    scores from it on, or another row's numbers), and nothing would say so."""
+    bad = [t for t in tokens if not 0 <= t < config.vocab_size]
+    if bad:
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary [0, {config.vocab_size})")
 
 
 def _weights_config(model_config: ModelConfig) -> ModelConfig:
@@ -85,6 +95,7 @@ def attention(model_config: ModelConfig, params, tokens: list[int]):
     T = len(tokens)
     if not 0 < T <= model_config.max_seq_len:
         raise PromptError(f"{T} tokens to look at: give 1 .. {model_config.max_seq_len}")
+    _check_ids(model_config, tokens)
     padded = np.zeros((1, prompt_bucket(T, model_config.max_seq_len)), np.int32)
     padded[0, :T] = tokens
     weights, logits = jax.device_get(_attention(params, padded,
@@ -101,6 +112,7 @@ def look_inside(model_config: ModelConfig, params, tokens: list[int]):
     T = len(tokens)
     if not 0 < T <= model_config.max_seq_len:  # past it a learned position is NaN
         raise PromptError(f"{T} tokens to look at: give 1 .. {model_config.max_seq_len}")
+    _check_ids(model_config, tokens)
     config = _weights_config(model_config)
     params = unstack_layers(params, config.n_layers)
     tokens_1T = jnp.asarray([tokens], jnp.int32)
