@@ -46,14 +46,16 @@ def _score(params, tokens_1T, *, config: ModelConfig):
     logits_1TV = GPT(config).apply({"params": params}, tokens_1T)
     logp_TV = jax.nn.log_softmax(logits_1TV[0].astype(jnp.float32), axis=-1)
     chosen_T = jnp.take_along_axis(logp_TV[:-1], tokens_1T[0, 1:, None], axis=-1)[:, 0]
-    top_lp_TK, top_ids_TK = jax.lax.top_k(logp_TV, MAX_TOP)
+    # A vocabulary of fewer than MAX_TOP ids (a char run over three symbols) has fewer
+    # alternatives: top_k of MAX_TOP raised, for any `top`, 0 included.
+    top_lp_TK, top_ids_TK = jax.lax.top_k(logp_TV, min(MAX_TOP, logp_TV.shape[-1]))
     return chosen_T, top_ids_TK, top_lp_TK
 
 
 def token_logprobs(config: ModelConfig, params, tokens: list[int], top: int = 0) -> LogProbs:
     """Each token's log-probability given the ones before it (the first has none), and the
-    `top` likeliest next tokens at every position. At most max_seq_len tokens, each an id of
-    the vocabulary."""
+    `top` likeliest next tokens at every position (all of them, in a vocabulary of fewer).
+    At most max_seq_len tokens, each an id of the vocabulary."""
     T = len(tokens)
     if not 0 < T <= config.max_seq_len:
         raise PromptError(f"{T} tokens to score: give 1 .. {config.max_seq_len} (the context)")
