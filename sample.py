@@ -78,9 +78,28 @@ def main(argv):
         raise
     if stream:
         printer.close()
-        return
-    for i, text in enumerate(texts):
-        print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+    else:
+        try:
+            for i, text in enumerate(texts):
+                print(f"--- sample {i} (step {step}) ---\n{_PROMPT.value}{text}")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            printer.gone = True
+    if printer.gone:
+        _reader_gone()
+
+
+def _reader_gone():
+    """stdout's reader went away (sample.py | head): exit quietly with 128 + SIGPIPE, as
+    `yes | head` does. A write to the closed pipe raised BrokenPipeError inside the streaming
+    callback: ~60 lines of traceback, and the device generated on. stdout goes to /dev/null
+    so that Python's flush at exit has nothing to complain about."""
+    import os
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _no_folder(path: Path) -> str:
@@ -99,15 +118,26 @@ class _StreamPrinter:
     turns out to be unusable), then each piece as it comes."""
 
     def __init__(self, header):
-        self.header = header
+        self.header, self.gone = header, False
 
     def __call__(self, text):
-        sys.stdout.write(self.header + text)
-        sys.stdout.flush()
+        """False once stdout's reader has gone (sample_text then ends the sample)."""
+        try:
+            sys.stdout.write(self.header + text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.gone = True
+            return False
         self.header = ""
+        return None
 
     def close(self):
-        print(self.header)
+        if self.gone:
+            return
+        try:
+            print(self.header, flush=True)
+        except BrokenPipeError:
+            self.gone = True
 
 
 def _load():

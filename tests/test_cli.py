@@ -104,6 +104,27 @@ def test_ctrl_c_stops_a_long_streamed_sample_with_its_text_printed(trained):
     assert (seen + out).startswith("--- sample 0") and (seen + out).endswith("\n")
 
 
+def test_a_stream_whose_reader_goes_away_stops_quietly(trained):
+    """sample.py | head: once the pipe's reader has gone, sample.py stops generating and exits
+    with 128 + SIGPIPE, as `yes | head` does, saying nothing. The write's BrokenPipeError,
+    raised inside the streaming callback, printed ~60 lines of traceback (exit 1)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    workdir, _ = trained
+    proc = subprocess.Popen([sys.executable, "sample.py", f"--workdir={workdir}", "--prompt=def ",
+                             "--max_new_tokens=100000000", "--noend_at_eot"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(20)  # streamed text arrives while it is being made
+        proc.stdout.close()  # the reader goes away; 10**8 tokens would run for hours
+        err = proc.communicate(timeout=120)[1].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 141 and err == "", err[-2000:]
+
+
 def test_resuming_in_another_precision_must_be_allowed(trained):
     """The run trained in the matmul mode auto picked here; the other precision (fast_f32 <->
     fast_bf16) computes other numbers, so resuming under it is refused, naming the field."""

@@ -257,7 +257,8 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     is one token (byte, char tokenizers) ends a row on the device; any other stop is checked
     on the host as tokens stream out (every decode.STREAM_EVERY tokens), and the device stops
     a row within that many tokens of its match (on a mesh, samples are only cut afterwards).
-    `on_text(piece)`: called with sample 0's text as it is produced (one device only).
+    `on_text(piece)`: called with sample 0's text as it is produced (one device only); it
+    may return False to end every sample there (its reader went away: a closed pipe).
     `end_at_eot`: a sample also ends where the model makes the tokenizer's end-of-text token
     (or any of its end tokens, `end_ids`: the others are checked on the host as stop strings
     are).
@@ -278,7 +279,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
         streams = [TextStream(tokenizer, prompt_ids)
                    for _ in range(num_samples if watch or others else 1)]
         cuts = [StopText(watch) for _ in streams]
-        ended = [False] * len(streams)
+        ended, gone = [False] * len(streams), [False]
 
         def on_tokens(i, tokens_B, done_B):
             for b, (stream, cut) in enumerate(zip(streams, cuts)):
@@ -288,8 +289,10 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
                     ended[b] = True
                     continue
                 piece = cut.push(stream.push(tokens_B[b]))
-                if b == 0 and piece and on_text is not None:
-                    on_text(piece)
+                if b == 0 and piece and on_text is not None and not gone[0]:
+                    gone[0] = on_text(piece) is False
+            if gone[0]:  # on_text's reader went away: every sample ends here
+                return False
             return [cut.stopped or e for cut, e in zip(cuts, ended)] + \
                 [False] * (num_samples - len(cuts))
 
@@ -297,7 +300,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
                            max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
                            top_k=top_k, top_p=top_p, eos_id=eos_id, mesh=mesh,
                            rules=rules, on_tokens=on_tokens)
-    if on_text is not None and not cuts[0].stopped:
+    if on_text is not None and not cuts[0].stopped and not gone[0]:
         piece = cuts[0].push(streams[0].finish()) + cuts[0].finish()
         if piece:
             on_text(piece)
