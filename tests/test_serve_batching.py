@@ -348,3 +348,24 @@ def test_a_failing_device_step_fails_its_requests_and_the_engine_goes_on(monkeyp
     assert ask() == before
     assert engine.device.is_alive()
     engine.close()
+
+
+def test_jobs_reuse_idle_threads_and_run_at_once_when_none_is_idle():
+    """A job runs on an idle job thread if there is one (starting and ending a thread per
+    job cost ~40-70 us of CPU each): 20 jobs one after the other use one thread; 3 that
+    block together get 3, and each runs."""
+    from transformer.serve.engine import _Threads
+
+    threads, seen = _Threads(), []
+    for _ in range(20):
+        done = threading.Event()
+        threads.run(lambda done=done: (seen.append(threading.get_ident()), done.set()))
+        assert done.wait(10)
+        while not threads.idle:  # the thread is idle again once its call returned
+            threading.Event().wait(0.001)
+    assert len(seen) == 20 and len(set(seen)) == 1
+    gate, started = threading.Barrier(4), []
+    for _ in range(3):
+        threads.run(lambda: (started.append(threading.get_ident()), gate.wait(10)))
+    gate.wait(10)  # all three ran at once: none waited for another's thread
+    assert len(set(started)) == 3
