@@ -139,6 +139,68 @@ def test_a_stream_sends_its_first_token_alone_then_a_chunk_per_event(server, cli
     assert len(texts) <= 1 + math.ceil((n - 1) / slots.CHUNK)  # then a chunk an event
 
 
+def test_a_streams_last_text_finish_reason_and_done_go_out_in_one_write():
+    """Events ready together are one write (each costs the event loop a trip through
+    Starlette and uvicorn): once the job is done, its last text, its finish_reason and
+    [DONE]. The bytes are the events one by one, joined. In process, with an engine that
+    makes two pieces of text."""
+    import concurrent.futures
+    import json
+
+    from starlette.testclient import TestClient
+
+    from transformer.serve.app import create_app
+    from transformer.serve.engine import Choice
+
+    class TwoPieces:
+        class config:
+            max_seq_len, vocab_size = 64, 256
+
+        max_tokens, stats = 16, {}
+
+        def encode(self, prompt, cut=True):
+            return [1, 2, 3]
+
+        def check_scorable(self, request, ids):
+            pass
+
+        def complete(self, job, request, prompts_ids, emit):
+            emit(0, "ab")
+            emit(0, "cd")
+            return [Choice(0, "abcd", "stop", [4, 5, 6, 7], None, 4)]
+
+        def submit(self, fn):
+            class Job:
+                future = concurrent.futures.Future()
+
+                def cancel(self):
+                    pass
+
+            job = Job()
+            job.future.set_result(fn(job))
+            return job
+
+    app, writes = create_app(TwoPieces(), "m"), []
+
+    async def counted(scope, receive, send):
+        async def counting_send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                writes.append(message["body"].decode())
+            await send(message)
+        await app(scope, receive, counting_send)
+
+    with TestClient(counted) as http:
+        r = http.post("/v1/completions", json=dict(prompt="x", stream=True))
+    assert r.status_code == 200 and "".join(writes) == r.text
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    texts = [c["text"] for e in events[:-1] for c in json.loads(e)["choices"]]
+    assert "".join(texts) == "abcd"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "stop"
+    assert '"finish_reason": "stop"' in writes[-1] and writes[-1].endswith("data: [DONE]\n\n")
+    assert '"cd"' in writes[-1]  # the last text too: the job was done when it was read
+
+
 def model_logprobs(workdir, ids) -> np.ndarray:
     """log p(ids[t] | ids[:t]) for t >= 1, from the model's own forward pass."""
     from transformer.checkpoint import load_run
