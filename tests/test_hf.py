@@ -553,6 +553,27 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
                                                                x)[..., :257], atol=TOL)
 
 
+def test_greedy_after_a_prompt_longer_than_half_the_context_equals_hf_generate(tmp_path):
+    """A 67-token prompt on a 128-token model (its bucket: 128) and 20 tokens: all within the
+    context, so transformers sees every token. The bucket's padding filled the cache, so
+    generation re-prefilled after the first token, dropping prompt tokens: the text differed
+    from token 1."""
+    import torch
+    import transformers
+    mc = model_config()
+    out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
+                              tmp_path / "hf")
+    prompt = [(7 * i + 3) % 256 for i in range(67)]
+    assert decode.prompt_bucket(len(prompt), mc.max_seq_len) == mc.max_seq_len == 128
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20,
+                             min_new_tokens=20, pad_token_id=0)
+    mc2, params, _ = hf_import.load_pretrained(out)
+    ours = decode.generate(mc2, params, [prompt], max_new_tokens=20, temperature=0.0)[0]
+    assert ours == ids[0, len(prompt):].tolist()
+
+
 def test_greedy_sample_of_a_folder_whose_tokenizer_adds_a_bos_equals_hf_generate(tmp_path):
     """A Llama folder whose tokenizer.json puts <s> before every text (Llama 2, TinyLlama):
     transformers' tokenizer(prompt) starts with it, and so must sample.py --hf's prompt; it

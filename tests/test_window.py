@@ -57,7 +57,8 @@ def policy_contexts(config, prompt, generated, P):
     program's mechanics): token k continues prompt + generated[:k], of which the model sees
     - reprefill: the real tokens from the window start, which moves S - W + 1 slots on
       whenever the next token to store would not fit in S slots (slots count from the
-      start of the left-padded prompt, P slots long);
+      start of the longest prompt of the batch, P tokens long, this one left-padded to it:
+      the padding up to the prompt bucket takes no slot);
     - roll: everything (the model's own sliding window limits what it sees)."""
     text, start = list(prompt) + list(generated), P - len(prompt)
     shift = S - decode.keep_length(S) + 1
@@ -102,7 +103,7 @@ def check_cache_matches_recompute(monkeypatch, config, params, prompts=PROMPTS, 
     """Every step's logits equal a from-scratch forward over the policy's context."""
     out, logits_BNV = probed_generate(monkeypatch, config, params, prompts, max_new_tokens=new,
                                       temperature=1.0, seed=0)
-    P = decode.left_pad(prompts, S)[0].shape[1]
+    P = min(max(map(len, prompts)), S)  # the longest prompt: its bucket's padding takes no slot
     for b, (prompt, generated) in enumerate(zip(prompts, out)):
         assert len(generated) == new
         contexts = policy_contexts(config, prompt, generated, P)
@@ -147,7 +148,7 @@ def test_cached_logits_equal_recompute_for_three_contexts(monkeypatch, name):
 def test_greedy_equals_naive_recompute_for_three_contexts(name):
     config, params = context_model(name)
     out = decode.generate(config, params, PROMPTS, max_new_tokens=NEW, temperature=0.0)
-    P = decode.left_pad(PROMPTS, S)[0].shape[1]
+    P = min(max(map(len, PROMPTS)), S)
     for prompt, tokens in zip(PROMPTS, out):
         assert tokens == naive_greedy(config, params, prompt, NEW, P)
 

@@ -8,16 +8,19 @@
       when every slot is filled: the window policy below
 
 Prompts of different lengths are left-padded to a shared length P, so every row writes its
-next token to the same slot; each row's mask hides its padding slots and its positions
-count from its first real token. P is rounded up to a bucket (16, 32, 64, ..., S), and so is
-the token budget (the output buffer: 16, 32, 64, ... tokens); the number of tokens asked
-for is a traced argument, so a handful of compiled programs serve every prompt and every
-length. While the cache fills, the loop runs in pieces whose cache is cut to the slots that
-can be filled by then (128, 256, 512, ... of them, `fill_segments`; the last piece of a
-request that stops short of the context at the slots it can write), so early tokens do not
-read the empty end of the cache. Temperature, top-k, top-p, the key, the prompt content, the
-length and the end token are traced arguments: changing them never recompiles. A row that
-samples its end token writes PAD_ID from then on; the loop stops when every row has ended.
+next token to the same slot; each row's mask hides its padding slots and its positions count
+from its first real token. The padding every row has (from the longest prompt, L tokens, up
+to the bucket) goes to the block's right end, where decoding overwrites it: the first new
+token takes slot L, and a bucket never fills the cache early. P is rounded up to a bucket
+(16, 32, 64, ..., S), and so is the token budget (the output buffer: 16, 32, 64, ...
+tokens); the number of tokens asked for is a traced argument, so a handful of compiled
+programs serve every prompt and every length. While the cache fills, the loop runs in pieces
+whose cache is cut to the slots that can be filled by then (128, 256, 512, ... of them,
+`fill_segments`; the last piece of a request that stops short of the context at the slots it
+can write), so early tokens do not read the empty end of the cache. Temperature, top-k,
+top-p, the key, the prompt content, the length and the end token are traced arguments:
+changing them never recompiles. A row that samples its end token writes PAD_ID from then on;
+the loop stops when every row has ended.
 
 The loops are `lax.while_loop`s, the form of `lax.scan` whose trip count is traced: a scan
 runs a fixed number of steps, so it would compile one program per requested length and
@@ -106,6 +109,15 @@ def _bucket(n: int, cap: int | None = None) -> int:
     while bucket < n:
         bucket *= 2
     return bucket if cap is None else min(bucket, cap)
+
+
+def _bucket_below(P: int) -> int:
+    """The largest prompt bucket below P (0 below the first): a prompt that P holds is
+    longer than it."""
+    below, bucket = 0, MIN_BUCKET
+    while bucket < P:
+        below, bucket = bucket, bucket * 2
+    return below
 
 
 def prompt_bucket(longest: int, max_seq_len: int) -> int:
@@ -259,10 +271,12 @@ class _Loop(NamedTuple):
     def fill(self, state: _State, P: int) -> _State:
         """While the cache fills: one loop per cache length (128, 256, 512, ... slots), so a
         step reads only the slots that can be filled by then. Each is compiled once. Token
-        i is sampled after slot P + i - 1 is written: a budget that stops short of the
-        context writes no slot from P + budget - 1 on."""
+        i is sampled after slot L + i - 1 is written (L <= P: the longest prompt's length):
+        a budget that stops short of the context writes no slot from P + budget - 1 on."""
         S = self.config.max_seq_len
-        for _, length in fill_segments(P, S, P + self.budget - 1):
+        # The first new token's slot is the longest prompt's length (its padding to the
+        # bucket moved out of the cache, _generate_tokens): above the bucket below P.
+        for _, length in fill_segments(_bucket_below(P), S, P + self.budget - 1):
             state = state._replace(cache=kvcache.prefix(state.cache, length))
             state = jax.lax.while_loop(
                 lambda s, length=length: self.running(s) & (s.index < length), self.step, state)
@@ -327,12 +341,21 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     loop = _Loop(config, params, keys_NB2, (temperature, top_k, top_p, eos_id), n,
                  stream_id if stream else None, budget)
 
+    # The padding every row has (from the longest prompt up to the bucket P) moves to the
+    # right end, where decoding overwrites it before any query can see it: it takes no cache
+    # slot. Left in place it filled the cache early: a 67-token prompt (bucket 128) on a
+    # 128-slot model re-prefilled after its first token, dropping prompt tokens the context
+    # holds, so greedy text differed from transformers' on the same weights from token 1.
+    common = jnp.min(start_B)
+    prompt_BP, start_B = jnp.roll(prompt_BP, -common, axis=1), start_B - common
+    first = jnp.int32(P) - common  # the slot of the first new token
     logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill
     history_BS = jnp.zeros((B, config.max_seq_len), jnp.int32).at[:, :P].set(prompt_BP)
     state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
-                   jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), jnp.int32(P),
+                   jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), first,
                    start_B, history_BS)
-    state = loop.fill(loop.emit(state, logits_BPV[:, -1]), P)
+    last_BV = jax.lax.dynamic_index_in_dim(logits_BPV, first - 1, axis=1, keepdims=False)
+    state = loop.fill(loop.emit(state, last_BV), P)
     if P + budget > config.max_seq_len:
         # Otherwise the cache never fills: the budget's steps write at most slots P ..
         # P + budget - 2. Leaving the window policy's loop out of such a program halves the
