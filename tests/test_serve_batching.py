@@ -151,7 +151,8 @@ def test_rows_that_fill_together_are_re_prefilled_in_one_call_with_their_tokens_
     slots.warm_up()
     calls, original = [], slots._run_reprefill
     monkeypatch.setattr(slots, "_run_reprefill",
-                        lambda need, tokens: calls.append(len(need)) or original(need, tokens))
+                        lambda need, tokens, last: calls.append(len(need)) or original(
+                            need, tokens, last))
     counter = CompileCounter()
     try:
         got = batched(config, params, rows, slots=slots)
@@ -301,8 +302,8 @@ def test_rows_admitted_together_are_prefilled_in_one_call_with_their_tokens_alon
     original_admit, original_call = slots.admit_many, slots._run_reprefill
     monkeypatch.setattr(slots, "admit_many", lambda entries: admitting.append(1) or (
         original_admit(entries), admitting.pop())[0])
-    monkeypatch.setattr(slots, "_run_reprefill", lambda need, tokens: (
-        admitting and prefills.append(len(need))) or original_call(need, tokens))
+    monkeypatch.setattr(slots, "_run_reprefill", lambda need, tokens, last: (
+        admitting and prefills.append(len(need))) or original_call(need, tokens, last))
     counter = CompileCounter()
     try:
         got = batched(config, params, rows, slots=slots, together=True)

@@ -9,9 +9,10 @@ and leaves when done; the others never wait for it.
     slots.release(b)
 
 Row b holds exactly what `decode.generate` holds for its text alone, so it samples the same
-tokens (up to the rounding of batched matmuls, as `--num_samples` batches do): its prompt
-left-padded to the same bucket P at slots 0 .. P-1, its token n at slot P + n, its positions
-counted from its first real token, token i drawn with the key fold_in(fold_in(key(seed),
+tokens (up to the rounding of batched matmuls, as `--num_samples` batches do): its L prompt
+tokens at slots 0 .. L-1, their padding up to the bucket P after them (overwritten by
+decoding before any query reads it, so it takes no slot of the context), its token n at slot
+L + n, its positions counted from its first token, token i drawn with the key fold_in(fold_in(key(seed),
 choice), i), and the window policy applied at the same token. What differs is that every row
 has its own slot index (`index_B`): the cache write, the mask and the positions take one per
 row, so rows need not be aligned, and a row's cache is never moved.
@@ -79,10 +80,11 @@ def _forward(config, params, tokens_BT, cache, index_B, start_B):
                              index=index_B, start_B=start_B)
 
 
-def _prefill(params, cache, row, tokens_1P, start, seed, choice, i, temperature, top_k, top_p,
-             *, config: ModelConfig):
+def _prefill(params, cache, row, tokens_1P, start, last, seed, choice, i, temperature, top_k,
+             top_p, *, config: ModelConfig):
     """Writes one row's P tokens at its slots 0 .. P-1 (positions from its first real token,
-    `start`) and samples its token i from the last one's logits. Returns (cache, token)."""
+    `start`) and samples its token i from the logits of token `last` (its prompt's last: the
+    padding after it is not read). Returns (cache, token)."""
     G = config.kv_heads
     row_cache = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, row * G, G, axis=0),
                              cache)
@@ -90,7 +92,8 @@ def _prefill(params, cache, row, tokens_1P, start, seed, choice, i, temperature,
     logits_1PV, row_cache = decode._forward(config, params, tokens_1P, row_cache, 0, start_1)
     cache = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, row * G, axis=0),
                          cache, row_cache)
-    token = _sample_row(logits_1PV[:, -1], _row_key(seed, choice, i), temperature, top_k, top_p)
+    logits_1V = jax.lax.dynamic_index_in_dim(logits_1PV, last, axis=1, keepdims=False)
+    token = _sample_row(logits_1V, _row_key(seed, choice, i), temperature, top_k, top_p)
     return cache, token
 
 
@@ -114,10 +117,10 @@ def _put_rows(cache, slot_R, rows_cache, G: int, unique: bool = True):
     return jax.tree.map(put, cache, rows_cache)
 
 
-def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, seed_R, choice_R, i_R,
+def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, last_R, seed_R, choice_R, i_R,
                     temperature_R, top_k_R, top_p_R, *, config: ModelConfig):
     """`_prefill` for R rows at once, all of one length (W for a re-prefill, a prompt bucket
-    for `admit_many`), each at its own
+    for `admit_many`; row r's token from the logits of its token last_R[r]), each at its own
     cache row `slot_R[r]` (a slot may repeat: the bucket's padding repeats a row, whose
     writes are then the same), with its own positions, key and knobs. Returns (cache,
     token_R). Each row's token is the one its one-row prefill gives: its matmul rows, key
@@ -127,7 +130,8 @@ def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, seed_R, choice_R,
     logits_RWV, rows_cache = decode._forward(config, params, tokens_RW, rows_cache, 0, start_R)
     cache = _put_rows(cache, slot_R, rows_cache, G, unique=False)
     keys_R2 = jax.vmap(_row_key)(seed_R, choice_R, i_R)
-    token_R = sampling.sample_rows(logits_RWV[:, -1], keys_R2, temperature_R, top_k_R, top_p_R)
+    last_RV = jnp.take_along_axis(logits_RWV, last_R[:, None, None], axis=1)[:, 0]
+    token_R = sampling.sample_rows(last_RV, keys_R2, temperature_R, top_k_R, top_p_R)
     return cache, token_R
 
 
@@ -259,7 +263,7 @@ class Slots:
         re-prefill at every row bucket (on free rows, which do not advance), the latter also
         at every prompt bucket for rows admitted together (`admit_many`)."""
         for P in self.buckets():
-            self._run_prefill(0, [decode.PAD_ID] * P, 0, 0, 0, 0, (0.0, 0, 1.0))
+            self._run_prefill(0, [decode.PAD_ID] * P, 0, P - 1, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
         for R in self.row_buckets:
             self._run_rows(np.arange(R))
@@ -267,17 +271,17 @@ class Slots:
             if decode.window_policy(self.config) == "reprefill":
                 lengths.add(decode.keep_length(self.S))
             for P in sorted(lengths):
-                self._run_reprefill([0] * R, [[decode.PAD_ID] * P] * R)
+                self._run_reprefill([0] * R, [[decode.PAD_ID] * P] * R, [P - 1] * R)
 
     def bucket(self, rows: int) -> int:
         """The smallest row bucket that holds `rows` rows."""
         return next(R for R in self.row_buckets if R >= rows)
 
-    def _run_prefill(self, b, tokens, start, seed, choice, i, knobs) -> int:
+    def _run_prefill(self, b, tokens, start, last, seed, choice, i, knobs) -> int:
         temperature, top_k, top_p = knobs
         self.cache, token = self.prefill(
             self.params, self.cache, np.int32(b), np.asarray([tokens], np.int32),
-            np.int32(start), np.int32(seed), np.int32(choice), np.int32(i),
+            np.int32(start), np.int32(last), np.int32(seed), np.int32(choice), np.int32(i),
             np.float32(temperature), np.int32(top_k), np.float32(top_p))
         return int(token)
 
@@ -302,26 +306,31 @@ class Slots:
         each entry's first token."""
         groups: dict[int, list] = {}
         for n, (b, prompt, knobs) in enumerate(entries):
-            prompt_BP, start_B = decode.left_pad([prompt], self.S)
-            tokens, start = prompt_BP[0].tolist(), int(start_B[0])
-            self.slots[b] = _Slot(tokens)
-            self.start[b], self.seed[b], self.choice[b] = start, knobs["seed"], knobs["choice"]
+            # The prompt (its last S tokens) at slots 0 .. L-1 and its padding to the bucket
+            # after it, as decode lays out a row alone: the padding takes no slot.
+            prompt = [int(t) for t in list(prompt)[-self.S:]]
+            P = decode.prompt_bucket(len(prompt), self.S)
+            tokens = prompt + [decode.PAD_ID] * (P - len(prompt))
+            self.slots[b] = _Slot(prompt)
+            self.start[b], self.seed[b], self.choice[b] = 0, knobs["seed"], knobs["choice"]
             self.limit[b], self.eos[b] = knobs["limit"], knobs.get("eos", -1)
             self.temperature[b], self.top_k[b], self.top_p[b] = (
                 knobs["temperature"], knobs["top_k"], knobs["top_p"])
             self.i[b] = 0
-            groups.setdefault(len(tokens), []).append((n, b, tokens))
+            groups.setdefault(P, []).append((n, b, tokens, len(prompt)))
         out = [0] * len(entries)
         for P, group in groups.items():
             if len(group) == 1:
-                (n, b, tokens), = group
+                (n, b, tokens, L), = group
                 knobs = (self.temperature[b], self.top_k[b], self.top_p[b])
-                token_R = [self._run_prefill(b, tokens, self.start[b], self.seed[b],
+                token_R = [self._run_prefill(b, tokens, self.start[b], L - 1, self.seed[b],
                                              self.choice[b], 0, knobs)]
             else:
-                token_R = self._run_reprefill([b for _, b, _ in group], [t for *_, t in group])
-            for (n, b, tokens), token in zip(group, token_R):
-                self.token[b], self.index[b], self.i[b] = token, P, 1
+                token_R = self._run_reprefill([b for _, b, _, _ in group],
+                                              [t for _, _, t, _ in group],
+                                              [L - 1 for *_, L in group])
+            for (n, b, tokens, L), token in zip(group, token_R):
+                self.token[b], self.index[b], self.i[b] = token, L, 1
                 self.live[b] = token != self.eos[b] and self.limit[b] > 1
                 out[n] = token
         return out
@@ -344,22 +353,23 @@ class Slots:
             slot.history = slot.history[shift:] + [int(self.token[b])]
             self.start[b] = max(int(self.start[b]) - shift, 0)
             tokens.append(slot.history)
-        token_R = self._run_reprefill(need, tokens)
+        token_R = self._run_reprefill(need, tokens, [W - 1] * len(need))
         for b, token in zip(need, token_R):
             self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
             self.live[b] = token != self.eos[b] and self.i[b] < self.limit[b]
         return dict(zip(need, token_R))
 
-    def _run_reprefill(self, need, tokens) -> list[int]:
-        """One re-prefill call for the slots `need` (their W tokens each), padded to a row
-        bucket by repeating the first slot (its writes land twice, the same). Returns the
-        tokens of `need`."""
+    def _run_reprefill(self, need, tokens, last) -> list[int]:
+        """One re-prefill call for the slots `need` (their W tokens each; each one's token from
+        the logits of its token `last`), padded to a row bucket by repeating the first slot
+        (its writes land twice, the same). Returns the tokens of `need`."""
         n = len(need)
         R = self.bucket(n)
         rows = np.asarray(list(need) + [need[0]] * (R - n), np.int32)
         tokens_RW = np.asarray(list(tokens) + [tokens[0]] * (R - n), np.int32)
+        last_R = np.asarray(list(last) + [last[0]] * (R - n), np.int32)
         self.cache, token_R = self.reprefill(
-            self.params, self.cache, rows, tokens_RW, self.start[rows], self.seed[rows],
+            self.params, self.cache, rows, tokens_RW, self.start[rows], last_R, self.seed[rows],
             self.choice[rows], self.i[rows], self.temperature[rows], self.top_k[rows],
             self.top_p[rows])
         return np.asarray(token_R)[:n].tolist()
