@@ -1,6 +1,8 @@
 """Training end to end on synthetic tasks: the mask holds, attention moves information,
 and the loop's state (params, optimizer, step, data position) resumes exactly."""
 
+import contextlib
+import json
 import math
 
 import jax
@@ -8,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer import config as config_lib
 from transformer.config import base_config
 from transformer.model import attention
 from transformer.train import run
@@ -37,6 +40,58 @@ def _train(config, workdir, stop_at=None):
     return run.train(config, workdir, progress=False, log=lambda s: None, stop_at=stop_at)
 
 
+@contextlib.contextmanager
+def _one_trainer_per_config(built: dict):
+    """run.train builds its Trainer (tracing the step, evaluation and init, ~1 s of CPU even
+    when every program is in the compilation cache) once per config here: a second run of the
+    same resolved config on the same mesh takes the first one's Trainer, whose compiled
+    programs jit's cache then hands over. What these tests assert (a resumed run equals an
+    uninterrupted one, token and skip counts, a profiled run equals a plain one) is about the
+    loop around the step, and holds as well for one compiled step as for two compiles of it; a
+    run whose config differs in any field (train.profile too) builds its own."""
+    real = run.Trainer
+
+    class Shared(real):
+        @classmethod
+        def build(cls, config, mesh=None):
+            key = (json.dumps(config_lib.to_dict(config), sort_keys=True, default=str), mesh)
+            if key not in built:
+                built[key] = real.build(config, mesh)
+            return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run, "Trainer", Shared)
+        yield
+
+
+@pytest.fixture(scope="module")
+def _trainers():
+    return {}
+
+
+@pytest.fixture
+def shared_trainers(_trainers):
+    """This module's runs of one config share one Trainer (above) during the test."""
+    with _one_trainer_per_config(_trainers):
+        yield
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory, _trainers):
+    """The copy task, 30 steps uninterrupted, a line every step: (final state, workdir). The
+    resumed run and the profiled run are both compared with it."""
+    workdir = tmp_path_factory.mktemp("copy_run")
+    with _one_trainer_per_config(_trainers):
+        state, _ = _train(_copy30(), workdir)
+    return state, workdir
+
+
+def _copy30():
+    c = _config("copy", 30)
+    c.train.log_every = 1
+    return c
+
+
 def test_random_tokens_cannot_be_predicted_below_ln_vocab(tmp_path):
     """i.i.d. uniform tokens: no causal model beats ln V except by the chance unevenness of
     the held-out sample (~V/2N nats for N tokens, under 0.01 here); a leaking mask gains more
@@ -59,18 +114,18 @@ def test_copy_task_loss_on_the_copied_half_falls_near_zero(tmp_path):
     assert _final_val_loss(tmp_path) < 0.1
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
+def test_resumed_run_equals_uninterrupted_run(tmp_path, copy_run, shared_trainers):
     """... and its wall_s (what a scaling sweep reports for a member) adds the invocations:
     the seconds to the checkpoint it resumed from, then the resumed part's (it was the
     resumed part's alone)."""
     import time
 
     from transformer import checkpoint
-    full, _ = _train(_config("copy", 30), tmp_path / "full")
-    interrupted, _ = _train(_config("copy", 30), tmp_path / "split", stop_at=10)
+    full, _ = copy_run
+    interrupted, _ = _train(_copy30(), tmp_path / "split", stop_at=10)
     assert int(interrupted.step) == 10
     began = time.perf_counter()
-    resumed, _ = _train(_config("copy", 30), tmp_path / "split")
+    resumed, _ = _train(_copy30(), tmp_path / "split")
     second = time.perf_counter() - began
     assert int(resumed.step) == 30
     for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
@@ -83,25 +138,24 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert 0 < at_10 and at_10 + 0.3 * second <= at_30 <= at_10 + second
 
 
-def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path):
+def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path, shared_trainers):
     """A run resumed with another batch size (--allow_change=train.batch_size): every
     metrics line's `tokens` is the tokens trained so far, the earlier steps at their own
     batch, and the plot's token axis reads them."""
     from transformer.scaling import plot
     from transformer.train.metrics import MetricsLog
     T = 32
-    config = _config("random", 20)
+    config = _config("random", 30)
     config.train.update(log_every=10, eval_every=10, ckpt_every=10)
     _train(config, tmp_path, stop_at=10)  # batch 16
     config.train.batch_size = 4
-    run.train(config, tmp_path, progress=False, log=lambda s: None,
+    run.train(config, tmp_path, progress=False, log=lambda s: None, stop_at=20,
               allow_change=["train.batch_size"])
     expected = {10: 10 * 16 * T, 20: 10 * 16 * T + 10 * 4 * T}
     lines = MetricsLog(tmp_path).read()
     assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
-    config.train.steps = 30  # and again from the checkpoint at 20, which must say its count
-    run.train(config, tmp_path, progress=False, log=lambda s: None,
-              allow_change=["train.batch_size", "train.steps"])
+    # and again from the checkpoint at 20 (batch 4 since step 10), which must say its count
+    run.train(config, tmp_path, progress=False, log=lambda s: None)
     expected[30] = expected[20] + 10 * 4 * T
     lines = MetricsLog(tmp_path).read()
     assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
@@ -198,7 +252,7 @@ def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_
 
 
 @pytest.mark.parametrize("nan_step", [3, 6])
-def test_every_line_counts_the_skipped_steps_up_to_its_own(tmp_path, nan_step):
+def test_every_line_counts_the_skipped_steps_up_to_its_own(tmp_path, nan_step, shared_trainers):
     """train.nonfinite=skip, a NaN batch at step 3 (mid-run) or 6 (the last) of 6, a line
     every step: each line's skipped_steps counts the skipped steps up to and including its
     own step, so the skipped step's line (lr 0) says 1, as does the checkpoint."""
@@ -265,27 +319,24 @@ def test_a_cpu_step_reuses_the_scratch_pages_of_the_step_before():
     assert found["kept"]["faults_per_step"] < pages // 20, found  # and gone
 
 
-def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_path):
+def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_path, copy_run):
     """train.profile=3:5 writes a jax.profiler trace (TensorBoard's xplane.pb and a Chrome /
     Perfetto trace.json.gz) into the workdir, and the run ends with the same params and logs
-    the same losses as the run without it, bit for bit."""
+    the same losses as the run without it (copy_run), bit for bit."""
     import gzip
-    import json
 
-    from transformer import config as config_lib
     from transformer.train.metrics import MetricsLog
 
-    c = _config("copy", 8)
-    c.train.log_every = 1
-    plain, _ = _train(c, tmp_path / "plain")
+    plain, plain_dir = copy_run
+    c = _copy30()
     c.train.profile = "3:5"
     lines = []
     traced, _ = run.train(c, tmp_path / "traced", progress=False, log=lines.append)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(traced)):
         np.testing.assert_array_equal(a, b)
-    losses = [[m["train_loss"] for m in MetricsLog(tmp_path / w).read() if "train_loss" in m]
-              for w in ("plain", "traced")]
-    assert losses[0] == losses[1] and len(losses[0]) == 8
+    losses = [[m["train_loss"] for m in MetricsLog(w).read() if "train_loss" in m]
+              for w in (plain_dir, tmp_path / "traced")]
+    assert losses[0] == losses[1] and len(losses[0]) == 30
     [folder] = (tmp_path / "traced" / "plugins" / "profile").iterdir()
     assert list(folder.glob("*.xplane.pb")) and any(f.stat().st_size for f in folder.iterdir())
     [chrome] = [f for f in folder.glob("*.trace.json.gz")]
@@ -296,9 +347,9 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
     summary = trace.summarize(trace.newest_trace(tmp_path / "traced"))
     assert summary["executions"] == 2 and summary["ops"] and summary["kinds"]["matmul"] > 0
     assert sum(summary["kinds"].values()) == pytest.approx(summary["op_ms"])
-    assert not (tmp_path / "plain" / "plugins").exists()
+    assert not (plain_dir / "plugins").exists()
 
-    for bad in ("5:3", "0:2", "3", "a:b", "5:20"):  # 5:20 ends after the run's 8 steps
+    for bad in ("5:3", "0:2", "3", "a:b", "5:40"):  # 5:40 ends after the run's 30 steps
         with pytest.raises(config_lib.ConfigError, match="^train.profile="):
             config_lib.validate(config_lib.replace(c, **{"train.profile": bad}))
 
