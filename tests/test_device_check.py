@@ -17,6 +17,21 @@ def test_device_check_runs_the_device_tests_and_the_bench_line():
     assert out.rstrip().endswith("device check: tests ok, bench ok")
 
 
+def test_every_device_test_lies_in_a_file_device_check_hands_to_pytest(request):
+    """device_check's pytest imports only the modules whose text names the device marker:
+    every device-marked test this session collected (in the default run, the whole suite's)
+    is in one of them."""
+    from pathlib import Path
+
+    from conftest import ROOT
+    from transformer.tools import device_check
+    files = {Path(f).name for f in device_check.device_test_files(ROOT / "tests")}
+    marked = {item.path.name for item in request.session.items
+              if item.get_closest_marker("device")}
+    assert marked <= files, marked - files
+    assert "test_device.py" in files and "test_bench.py" not in files
+
+
 def test_device_check_fails_when_the_bench_fails():
     result = run_cli("-m", "transformer", "device_check", "--notests",
                      "--bench_config=configs/no_such_config.py")
