@@ -166,6 +166,54 @@ def shared_dir(tmp_path_factory, name: str, make) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def one_trainer_per_config(built: dict):
+    """Inside the block, run.train (and so a sweep's members) builds its Trainer once per
+    config and mesh: a later run of the same config, or of one differing only in
+    `train.seed`, takes the Trainer built first (with its own config: the loop reads the
+    seed and the logging fields from it), whose step and evaluation jit's cache then hands
+    over. Building traces the step, evaluation and init, ~1 s of CPU for a tiny model even
+    with every program in the compilation cache. The step and evaluation read no seed (the
+    seed picks the initial params and the batches, both outside them); a run whose config
+    differs in any other field, train.profile included, builds its own. For tests whose
+    property is about the loop, the data or the sweep around one compiled step (a resumed
+    run equals an uninterrupted one, seeds pair up), not about building it."""
+    import dataclasses
+    import json
+
+    from transformer import config as config_lib
+    from transformer.train import run
+    real = run.Trainer
+
+    class Shared(real):
+        @classmethod
+        def build(cls, config, mesh=None):
+            fields = config_lib.to_dict(config)
+            fields["train"] = {k: v for k, v in fields["train"].items() if k != "seed"}
+            key = (json.dumps(fields, sort_keys=True, default=str), mesh)
+            if key not in built:
+                built[key] = real.build(config, mesh)
+            return dataclasses.replace(built[key], config=config)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run, "Trainer", Shared)
+        yield
+
+
+@pytest.fixture(scope="module")
+def module_trainers() -> dict:
+    """This module's Trainers by config, for one_trainer_per_config (one dict per module: a
+    module that patches the model builds its own)."""
+    return {}
+
+
+@pytest.fixture
+def shared_trainers(module_trainers):
+    """The test's runs share their module's Trainers of one config (one_trainer_per_config)."""
+    with one_trainer_per_config(module_trainers):
+        yield
+
+
 def simulated_devices_env(devices: int, **extra) -> dict:
     """The environment of a subprocess that sees `devices` CPU devices (sharding, several
     processes): this session's XLA flags (the fast-compile ones above, if set) plus the device

@@ -563,13 +563,15 @@ def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():
         assert not ok and "not finite" in why, why
 
 
-def test_verify_trains_the_predicted_size_and_its_neighbours_once_per_budget(tmp_path):
+def test_verify_trains_the_predicted_size_and_its_neighbours_once_per_budget(tmp_path,
+                                                                             shared_trainers):
     """An IsoFLOP sweep written by hand (a tiny ladder's 18 members with losses from a known
     L(N, D)); --verify then really trains the ladder size nearest Approach 3's optimum at 4x
     the largest budget and its two neighbours, at 2 seeds, sized as members would be, in a
     folder of that budget, and prints the three-size table and its verdict. A second
     --verify at another budget trains into its own folder (it used to be refused as
-    "another sweep")."""
+    "another sweep"). The two seeds of a size share one Trainer (shared_trainers: what is
+    checked is the plan, the table and the folders, not the building of each run's step)."""
     from transformer.scaling import chinchilla, verify
     base = base_config()
     base.model.update(vocab_size=0, max_seq_len=32)

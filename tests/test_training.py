@@ -1,8 +1,6 @@
 """Training end to end on synthetic tasks: the mask holds, attention moves information,
 and the loop's state (params, optimizer, step, data position) resumes exactly."""
 
-import contextlib
-import json
 import math
 
 import jax
@@ -10,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import config as config_lib
+from conftest import one_trainer_per_config
 from transformer.config import base_config
 from transformer.model import attention
 from transformer.train import run
@@ -40,48 +38,13 @@ def _train(config, workdir, stop_at=None):
     return run.train(config, workdir, progress=False, log=lambda s: None, stop_at=stop_at)
 
 
-@contextlib.contextmanager
-def _one_trainer_per_config(built: dict):
-    """run.train builds its Trainer (tracing the step, evaluation and init, ~1 s of CPU even
-    when every program is in the compilation cache) once per config here: a second run of the
-    same resolved config on the same mesh takes the first one's Trainer, whose compiled
-    programs jit's cache then hands over. What these tests assert (a resumed run equals an
-    uninterrupted one, token and skip counts, a profiled run equals a plain one) is about the
-    loop around the step, and holds as well for one compiled step as for two compiles of it; a
-    run whose config differs in any field (train.profile too) builds its own."""
-    real = run.Trainer
-
-    class Shared(real):
-        @classmethod
-        def build(cls, config, mesh=None):
-            key = (json.dumps(config_lib.to_dict(config), sort_keys=True, default=str), mesh)
-            if key not in built:
-                built[key] = real.build(config, mesh)
-            return built[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run, "Trainer", Shared)
-        yield
-
-
 @pytest.fixture(scope="module")
-def _trainers():
-    return {}
-
-
-@pytest.fixture
-def shared_trainers(_trainers):
-    """This module's runs of one config share one Trainer (above) during the test."""
-    with _one_trainer_per_config(_trainers):
-        yield
-
-
-@pytest.fixture(scope="module")
-def copy_run(tmp_path_factory, _trainers):
+def copy_run(tmp_path_factory, module_trainers):
     """The copy task, 30 steps uninterrupted, a line every step: (final state, workdir). The
-    resumed run and the profiled run are both compared with it."""
+    resumed run and the profiled run are both compared with it; the resumed one's runs take
+    its Trainer (conftest.one_trainer_per_config)."""
     workdir = tmp_path_factory.mktemp("copy_run")
-    with _one_trainer_per_config(_trainers):
+    with one_trainer_per_config(module_trainers):
         state, _ = _train(_copy30(), workdir)
     return state, workdir
 
@@ -324,7 +287,9 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
     Perfetto trace.json.gz) into the workdir, and the run ends with the same params and logs
     the same losses as the run without it (copy_run), bit for bit."""
     import gzip
+    import json
 
+    from transformer import config as config_lib
     from transformer.train.metrics import MetricsLog
 
     plain, plain_dir = copy_run
