@@ -128,7 +128,9 @@ def wandb_config(corpus, steps):
     return c
 
 
-def test_wandb_gets_the_same_numbers_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch):
+def test_wandb_gets_the_same_numbers_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch,
+                                                                     shared_trainers):
+    """(The resumed run takes the first one's Trainer: conftest.one_trainer_per_config.)"""
     import sys
 
     from transformer.train import run
