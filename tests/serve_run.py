@@ -112,3 +112,22 @@ def model_logprobs(workdir, ids):
     logits = forward(run_.params, np.asarray([ids], np.int32))
     logp = np.asarray(jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1))
     return logp[np.arange(len(ids) - 1), ids[1:]], logp, run_.tokenizer
+
+
+def settled_job(fn=None, error: BaseException | None = None):
+    """What a fake engine's `submit(fn)` returns: a job already done, with fn(job)'s result
+    or `error` (for app-level tests that need no model)."""
+    import concurrent.futures
+
+    class Job:
+        future = concurrent.futures.Future()
+
+        def cancel(self):
+            pass
+
+    job = Job()
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        job.future.set_result(fn(job))
+    return job

@@ -144,7 +144,6 @@ def test_a_streams_last_text_finish_reason_and_done_go_out_in_one_write():
     Starlette and uvicorn): once the job is done, its last text, its finish_reason and
     [DONE]. The bytes are the events one by one, joined. In process, with an engine that
     makes two pieces of text."""
-    import concurrent.futures
     import json
 
     from starlette.testclient import TestClient
@@ -170,15 +169,7 @@ def test_a_streams_last_text_finish_reason_and_done_go_out_in_one_write():
             return [Choice(0, "abcd", "stop", [4, 5, 6, 7], None, 4)]
 
         def submit(self, fn):
-            class Job:
-                future = concurrent.futures.Future()
-
-                def cancel(self):
-                    pass
-
-            job = Job()
-            job.future.set_result(fn(job))
-            return job
+            return serve_run.settled_job(fn)
 
     app, writes = create_app(TwoPieces(), "m"), []
 

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serve_run import CONTEXT, byte_run, server
+from tests.serve_run import CONTEXT, byte_run, server, settled_job
 
 openai = pytest.importorskip("openai")
 
@@ -300,17 +300,7 @@ class BrokenEngine:
         pass
 
     def submit(self, fn):
-        import concurrent.futures
-
-        class Job:
-            future = concurrent.futures.Future()
-
-            def cancel(self):
-                pass
-
-        job = Job()
-        job.future.set_exception(RuntimeError("the device fell over"))
-        return job
+        return settled_job(error=RuntimeError("the device fell over"))
 
 
 def test_unexpected_errors_are_openai_error_json_not_plain_text():
