@@ -12,8 +12,8 @@ Row b holds exactly what `decode.generate` holds for its text alone, so it sampl
 tokens (up to the rounding of batched matmuls, as `--num_samples` batches do): its L prompt
 tokens at slots 0 .. L-1, their padding up to the bucket P after them (overwritten by
 decoding before any query reads it, so it takes no slot of the context), its token n at slot
-L + n, its positions counted from its first token, token i drawn with the key fold_in(fold_in(key(seed),
-choice), i), and the window policy applied at the same token. What differs is that every row
+L + n, its positions counted from its first token, token i drawn with the key
+fold_in(fold_in(key(seed), choice), i), and the window policy applied at the same token. What differs is that every row
 has its own slot index (`index_B`): the cache write, the mask and the positions take one per
 row, so rows need not be aligned, and a row's cache is never moved.
 

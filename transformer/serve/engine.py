@@ -17,8 +17,8 @@ it alone would hold, so each request gets the text it gets alone and that
 
 Jobs start in arrival order on one worker thread, each on a job thread of its own (an idle
 one reused, `_Threads`): a completion hands its rows to the device thread and lets the next
-job start; other work (scoring, the page's inspect) runs on its job's thread. A job cancelled before any of its rows reached the device
-never runs (its future is cancelled).
+job start; other work (scoring, the page's inspect) runs on its job's thread. A job
+cancelled before any of its rows reached the device never runs (its future is cancelled).
 
 Compiled once, at warm_up: the chunk program and the re-prefill at every row bucket
 (generate/slots.py; the re-prefill's program also prefills rows that join together, so it is
