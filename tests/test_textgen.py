@@ -81,6 +81,36 @@ def test_stop_strings_cut_at_the_first_match_and_streams_hold_back_a_possible_st
     assert held.push("ab\n") == "ab" and held.push("c") == "\nc"  # "\n" waited for its next
 
 
+def test_overlapping_stop_strings_cut_where_the_first_completes_whatever_the_pieces():
+    """With stops that overlap ("xyz" and "y"; "bc" and "abcd"), a streamed sample stops at
+    the first stop string its text completes, and cuts at that one's start: the same text
+    for every way of cutting it into pieces, and the same as the whole text's cut (the
+    unstreamed and multi-device paths)."""
+    import random
+
+    from transformer.generate.text import StopText, cut_at_stop
+    assert cut_at_stop("abxyz", ["xyz", "y"]) == "abx"
+    assert cut_at_stop("abxyz", ["y", "xyz"]) == "abx"
+    assert cut_at_stop("xabcd", ["abcd", "bc"]) == "xa"
+    assert cut_at_stop("xabc", ["abc", "bc"]) == "x"  # completed by the same character
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice("abxyz") for _ in range(rng.randint(0, 12)))
+        stops = ["".join(rng.choice("abxyz") for _ in range(rng.randint(1, 4)))
+                 for _ in range(rng.randint(1, 3))]
+        expected = cut_at_stop(text, stops)
+        cut, shown, k = StopText(stops), [], 0
+        while k < len(text):
+            n = rng.randint(1, 4)
+            shown.append(cut.push(text[k:k + n]))
+            k += n
+        shown.append(cut.finish())
+        assert "".join(shown) == expected, (text, stops)
+        char_by_char = StopText(stops)
+        one = "".join(char_by_char.push(c) for c in text) + char_by_char.finish()
+        assert one == expected, (text, stops)
+
+
 def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     """With BPE a newline is mostly inside longer tokens ("\\n    "): stopping on the newline
     token alone let samples run on over several lines. Stop strings are matched in the text."""

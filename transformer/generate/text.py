@@ -148,10 +148,15 @@ def stop_strings(stop) -> list[str]:
 
 
 def cut_at_stop(text: str, stops) -> str:
-    """`text` up to (not including) the earliest match of any of `stops`; all of it if none
-    matches. OpenAI's semantics: the returned text never contains a stop string."""
-    ends = [i for i in (text.find(s) for s in stop_strings(stops)) if i >= 0]
-    return text[:min(ends)] if ends else text
+    """`text` up to (not including) the stop string that the text completes first, reading
+    it from the start (of two completed by the same character, the longer); all of it if
+    none matches. OpenAI's semantics: the returned text never contains a stop string. "The
+    first completed", not "the first to begin": a sample streamed piece by piece stops when
+    a stop string is complete, so with stops "xyz" and "y" the text "abxyz" ends at "abx"
+    whatever the pieces (the earliest start gave "ab" for the whole text and "abx" for
+    pieces of one character)."""
+    found = [(i + len(s), i) for s in stop_strings(stops) if (i := text.find(s)) >= 0]
+    return text[:min(found)[1]] if found else text
 
 
 class StopText:
