@@ -123,6 +123,9 @@ def test_filters_keep_what_sorting_keeps():
         temps = rng.choice([0.3, 1.0, 2.5], 4).astype(np.float32)
         ks = rng.choice([0, 1, 5, 40, 299, 300, 1000], 4).astype(np.int32)
         ps = rng.choice([0.05, 0.5, 0.9, 0.95, 1.0], 4).astype(np.float32)
+        if trial % 3 == 0:  # one filter for the whole batch: the other one is not searched
+            ks[:] = 0 if trial % 2 else ks[0]
+            ps[:] = 1.0 if not trial % 2 else min(ps[0], 0.9)
         kept = np.isfinite(np.asarray(jax.jit(filter_logits)(logits, temps, ks, ps)))
         for b in range(4):
             scaled = logits[b].astype(np.float64) / temps[b]
