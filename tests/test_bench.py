@@ -91,9 +91,12 @@ def test_bench_json_has_the_figures_and_no_recompiles():
     assert r["config"]["model"]["d_model"] == 64
     # One program per shape: repeated steps and generations never compile again.
     assert r["recompiles_after_warmup"] == 0
-    # Decoding compiles its cache allocation, the one program of its token budget and the
-    # slice of the budget down to the request; prefilling (another length) compiles one.
-    assert r["compiles"]["decode_b1"] <= 3 and r["compiles"]["prefill_b1"] == 1
+    # Decoding compiles its cache allocation and the one program of its token budget;
+    # prefilling (one token) runs the same budget's program here (8 and 1 tokens: budget 16).
+    assert r["compiles"]["decode_b1"] <= 3 and r["compiles"].get("prefill_b1", 0) == 0
+    # Batch 8 runs in the groups row_groups picks, every group the same program.
+    assert r["decode_groups_b1"] == 1 and 8 % r["decode_groups_b8"] == 0
+    assert r["compiles"]["decode_b8"] <= 3 and r["compiles"].get("prefill_b8", 0) == 0
 
 
 def test_the_page_fault_figure_counts_the_pages_a_step_maps_in():

@@ -99,7 +99,7 @@ def test_a_batch_of_one_decodes_like_a_row_of_a_batch(tiny_config, tiny_params):
                             temperature=0.0)
     assert alone == [_naive_greedy(tiny_config, tiny_params, prompt, 30)]
     in_batch = decode.generate(tiny_config, tiny_params, [prompt, [1, 2]], max_new_tokens=30,
-                               temperature=0.0)
+                               temperature=0.0, groups=1)  # the two rows in one program
     assert in_batch[0] == alone[0]
 
 
@@ -108,7 +108,8 @@ def _while_loops(config, params, prompts, max_new_tokens):
     lowered = decode._program.lower(
         params, decode.new_cache(config=config, batch=len(prompts)), prompt_BP, start_B,
         jax.random.key(0), np.float32(0), np.int32(0), np.float32(1), np.int32(-1),
-        np.int32(max_new_tokens), np.int32(0), config=config,
+        np.int32(max_new_tokens), np.int32(0), np.int32(0), np.int32(start_B.min()),
+        config=config,
         budget=decode.token_budget(max_new_tokens, config.max_seq_len - prompt_BP.shape[1]))
     return lowered.as_text().count("stablehlo.while")
 
@@ -242,10 +243,74 @@ def test_sample_b_of_a_seed_does_not_depend_on_how_many_decode_with_it(tiny_conf
     # the near-uniform logits of a fresh model would not show.
     params = jax.tree.map(lambda x: x * 4, tiny_params)
     kwargs = dict(max_new_tokens=200, temperature=1.0, seed=7)
-    runs = {n: decode.generate(config, params, [[1, 2, 3]] * n, **kwargs) for n in (1, 2, 3)}
+    runs = {n: decode.generate(config, params, [[1, 2, 3]] * n, groups=1, **kwargs)
+            for n in (1, 2, 3)}
     assert runs[1][0] == runs[2][0] == runs[3][0]
     assert runs[2][1] == runs[3][1]
     assert runs[3][0] != runs[3][1] != runs[3][2]
+
+
+# --- a batch as several programs at once (decode_groups) -------------------------------------
+
+@pytest.mark.parametrize("variant", [{}, dict(position="rope", sliding_window=16)])
+def test_groups_of_rows_make_the_tokens_of_one_program(tiny_config, tiny_params, variant):
+    """The rows cut into 2, 4 or 8 programs make the one program's tokens: sampled (each
+    group keeps its rows' keys), prompts of different lengths, past the context (every group
+    keeps the whole batch's layout, so its rows re-prefill at the same token as in one
+    program). A group numbering its rows from 0, or laying out its own shorter prompts, gave
+    other text."""
+    config = dataclasses.replace(tiny_config, **variant)
+    params = init_params(config, jax.random.key(0)) if variant else tiny_params
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [3, 4]] * 2
+    kwargs = dict(max_new_tokens=100, temperature=0.9, top_k=40, top_p=0.9, seed=3)
+    one = decode.generate(config, params, prompts, groups=1, **kwargs)
+    assert len({tuple(row) for row in one}) == 8  # every row its own text
+    for groups in (2, 4, 8):
+        assert decode.generate(config, params, prompts, groups=groups, **kwargs) == one
+
+
+def test_groups_run_at_once_each_from_its_own_thread(tiny_config, tiny_params, monkeypatch):
+    """decode_groups calls every group's program before any has finished: a barrier that
+    the four calls must all reach (run one after another, the first would wait forever)."""
+    import threading
+    barrier, threads, program = threading.Barrier(4, timeout=30), set(), decode._program
+
+    def arrive(*args, **kwargs):
+        threads.add(threading.get_ident())
+        barrier.wait()
+        return program(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "_program", arrive)
+    prompts = [[1, 2, 3]] * 8
+    decode.generate(tiny_config, tiny_params, prompts, max_new_tokens=5, groups=4)
+    assert len(threads) == 4
+
+
+def test_row_groups_split_small_models_over_the_cores(tiny_config, monkeypatch):
+    """On a CPU: as many equal groups as the cores allow, one for a model whose weights do
+    not fit in the cache (its own dots use the cores; the groups would each read them), one
+    off the CPU."""
+    monkeypatch.setattr(decode, "_usable_cores", lambda: 2)
+    assert [decode.row_groups(tiny_config, b) for b in (1, 2, 3, 8)] == [1, 2, 1, 2]
+    monkeypatch.setattr(decode, "_usable_cores", lambda: 8)
+    assert [decode.row_groups(tiny_config, b) for b in (6, 7, 8, 16)] == [6, 7, 8, 8]
+    monkeypatch.setattr(decode, "_small_weights", lambda: 1000)
+    assert decode.row_groups(tiny_config, 8) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert decode.row_groups(tiny_config, 8) == 1
+
+
+def test_the_cache_size_is_read_from_sysfs(tmp_path):
+    for name, level, size in (("index0", "1", "48K"), ("index2", "2", "1024K"),
+                              ("index3", "3", "32768K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert decode._l3_bytes(tmp_path) == 32 * 2**20
+    (tmp_path / "index3" / "size").write_text("4M\n")
+    assert decode._l3_bytes(tmp_path) == 4 * 2**20
+    assert decode._l3_bytes(tmp_path / "missing") == 0  # then SMALL_WEIGHTS_FALLBACK
 
 
 def test_generation_stops_in_the_loop_at_the_end_token(tiny_config, tiny_params):
@@ -323,6 +388,8 @@ def test_tokens_after_the_end_token_are_padding(tiny_config, tiny_params):
     ([[1]], {"seed": 2**32}, "seed=4294967296"),
     ([[1]], {"seed": 2**64}, "seed="),
     ([[1]], {"seed": -1}, "seed=-1"),
+    ([[1], [2]], {"groups": 3}, "groups=3: must divide the 2 prompts"),
+    ([[1], [2]], {"groups": 0}, "groups=0"),
     # the device takes these as int32 / float32: past that numpy raised OverflowError
     ([[1]], {"top_k": 2**31}, "top_k=2147483648: must be at most"),
     ([[1]], {"max_new_tokens": 2**31}, "max_new_tokens=2147483648: must be at most"),

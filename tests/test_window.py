@@ -84,7 +84,8 @@ def recomputed_logits(config, params, contexts, T=None):
 
 
 def probed_generate(monkeypatch, config, params, prompts, **kwargs):
-    """decode.generate, and the logits every token was drawn from (a probe on the sampler)."""
+    """decode.generate, and the logits every token was drawn from (a probe on the sampler):
+    the batch as one program (groups=1), whose probe sees every row at every step."""
     seen, original = [], sampling.sample
 
     def probed(logits_BV, *args):
@@ -94,7 +95,7 @@ def probed_generate(monkeypatch, config, params, prompts, **kwargs):
     with monkeypatch.context() as patch:
         patch.setattr(sampling, "sample", probed)
         jax.clear_caches()  # trace the program again, with the probe
-        tokens = decode.generate(config, params, prompts, **kwargs)
+        tokens = decode.generate(config, params, prompts, groups=1, **kwargs)
     jax.clear_caches()
     return tokens, np.stack(seen, axis=1)  # [B, steps, V]
 

@@ -12,7 +12,8 @@ One process measures, in alternating rounds so that both sides see the same mach
   autodiff), against the peer's eager PyTorch step (forward, backward, clipping, AdamW);
   both of our modes start from the same weights and see the same batches, so their val losses
   after the run compare (`val_loss_ratio_bf16`);
-- decoding: `decode.generate_tokens` (prefill + compiled `lax.while_loop`s) against HF
+- decoding: `decode.decode_groups` (prefill + compiled `lax.while_loop`s, the rows in as many
+  programs at once as `decode.row_groups` picks, what `sample.py` runs) against HF
   `generate` with its KV cache, greedy, batch 1 and 8, --new_tokens after a --prompt_len
   prompt; the decode model's context is the next power of two that holds both (the same
   for the peer);
@@ -148,7 +149,8 @@ class OurTraining:
 
 
 class OurDecoding:
-    """`decode.generate_tokens` (prefill + while loops), greedy, a fresh donated cache per call."""
+    """`decode.decode_groups` (prefill + while loops, `row_groups` programs at once), greedy,
+    fresh donated caches per call."""
 
     def __init__(self, model_config, params, batch, prompt_len, new_tokens, counter):
         self.config, self.params, self.batch, self.counter = model_config, params, batch, counter
@@ -157,15 +159,17 @@ class OurDecoding:
                                                   (batch, prompt_len)), jnp.int32)
         self.start_B = jnp.zeros((batch,), jnp.int32)
         self.new_tokens = new_tokens
+        self.groups = decode.row_groups(model_config, batch)
         self.args = (jax.random.key(0), jnp.float32(0.0), jnp.int32(0), jnp.float32(1.0),
                      jnp.int32(-1))
 
     def generate(self, new_tokens):
-        cache = decode.new_cache(config=self.config, batch=self.batch)
-        jax.block_until_ready(cache)
-        return _timed(lambda: decode.generate_tokens(
-            self.params, cache, self.prompt_BP, self.start_B, *self.args, config=self.config,
-            max_new_tokens=new_tokens)[0])
+        caches = decode.new_caches(config=self.config, batch=self.batch, groups=self.groups)
+        jax.block_until_ready(caches)
+        return _timed(lambda: decode.decode_groups(
+            self.params, caches, self.prompt_BP, self.start_B, *self.args,
+            jnp.int32(new_tokens), config=self.config,
+            budget=decode.token_budget(new_tokens)))
 
 
 # --- the PyTorch peer ----------------------------------------------------------------------
@@ -348,7 +352,7 @@ def _decode(dec_config, params, batch, counter, peer_dec, s: Settings, log) -> D
                     peer_decode_s=Spread.of(peer_times), peer_prefill_s=Spread.of(peer_prefill))
     return DecodeFigures(kernels.decode_matmul(dec_config, batch), compile_s,
                          batch * s.new_tokens / np.median(times), Spread.of(times),
-                         Spread.of(prefill), **peer)
+                         Spread.of(prefill), **peer, groups=ours.groups)
 
 
 def _device_peak_memory_mb() -> float | None:

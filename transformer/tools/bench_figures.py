@@ -65,6 +65,7 @@ class DecodeFigures:
     peer_tokens_per_s: float | None = None
     peer_decode_s: Spread | None = None
     peer_prefill_s: Spread | None = None
+    groups: int = 1  # programs the rows ran in at once (decode.row_groups)
 
 
 @dataclasses.dataclass
@@ -136,7 +137,8 @@ def _flatten(r: BenchResult) -> dict:
                    peer_mfu=r.peer_train.mfu)
     out.update(decode_context=r.decode_context, decode_matmul=r.decode_matmul)
     for b, d in r.decode.items():
-        out.update({f"decode_matmul_b{b}": d.matmul, f"decode_compile_s_b{b}": d.compile_s,
+        out.update({f"decode_matmul_b{b}": d.matmul, f"decode_groups_b{b}": d.groups,
+                    f"decode_compile_s_b{b}": d.compile_s,
                     f"decode_tokens_per_s_b{b}": d.tokens_per_s,
                     f"decode_s_b{b}": dataclasses.asdict(d.decode_s),
                     f"prefill_s_b{b}": dataclasses.asdict(d.prefill_s)})
@@ -159,6 +161,9 @@ def _flatten(r: BenchResult) -> dict:
 
 
 
+LABEL = 46  # the width of the table's first column
+
+
 def format_table(r: BenchResult) -> str:
     """The figures as a small text table with ratios (ours / peer)."""
     m, mc = r.machine, r.config["model"]
@@ -171,7 +176,7 @@ def format_table(r: BenchResult) -> str:
              f"{r.peak_flops_bf16 / 1e9:.0f} bf16-in/f32-acc ({r.peak_source})",
              f"isa: {m.get('isa', '-')}; model.matmul=auto picks {r.matmul_auto['mode']} "
              f"({r.matmul_auto['reason']})",
-             "", f"{'':38}{'ours':>10}{'peer':>10}{'ratio':>8}"]
+             "", f"{'':{LABEL}}{'ours':>10}{'peer':>10}{'ratio':>8}"]
     lines += _speed_rows(r)
     lines.append("")
     for mode, t in r.train.items():
@@ -195,7 +200,7 @@ def _speed_rows(r: BenchResult) -> list[str]:
     """Tokens/s, ours against the peer's, then prefill latency."""
     def row(label, ours, peer):
         ratio = f"{ours / peer:.2f}x" if peer else ""
-        return f"{label:38}{ours:>10,.0f}{f'{peer:,.0f}' if peer else '-':>10}{ratio:>8}"
+        return f"{label:{LABEL}}{ours:>10,.0f}{f'{peer:,.0f}' if peer else '-':>10}{ratio:>8}"
 
     peer_train = r.peer_train.tokens_per_s if r.peer_train else None
     lines = []
@@ -205,10 +210,12 @@ def _speed_rows(r: BenchResult) -> list[str]:
     if "bf16" in r.train:
         lines.append(row("train tokens/s, bf16 mixed", r.train["bf16"].tokens_per_s, peer_train))
     for b, d in r.decode.items():
-        lines.append(row(f"decode tokens/s, batch {b} ({d.matmul})", d.tokens_per_s,
+        groups = f", {d.groups} groups" if d.groups > 1 else ""
+        lines.append(row(f"decode tokens/s, batch {b}{groups} ({d.matmul})", d.tokens_per_s,
                          d.peer_tokens_per_s))
     for b, d in r.decode.items():
         peer = d.peer_prefill_s.median if d.peer_prefill_s else None
-        lines.append(f"{f'prefill+1 token ms, batch {b}':38}{d.prefill_s.median * 1e3:>10.1f}"
+        label = f"prefill+1 token ms, batch {b}"
+        lines.append(f"{label:{LABEL}}{d.prefill_s.median * 1e3:>10.1f}"
                      f"{f'{peer * 1e3:.1f}' if peer else '-':>10}")
     return lines
