@@ -467,7 +467,8 @@ def generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k, 
     """The compiled program for max_new_tokens tokens, on arrays: (tokens_BN, cache)."""
     tokens_BN, cache = _program(params, cache, prompt_BP, start_B, key, temperature, top_k,
                                 top_p, eos_id, jnp.int32(max_new_tokens), jnp.int32(0),
-                                jnp.int32(0), jnp.min(start_B), config=config, budget=token_budget(max_new_tokens))
+                                jnp.int32(0), jnp.min(start_B), config=config,
+                                budget=token_budget(max_new_tokens))
     if tokens_BN.shape[1] != max_new_tokens:  # a budget bucket above the request
         tokens_BN = tokens_BN[:, :max_new_tokens]
     return tokens_BN, cache
