@@ -104,6 +104,11 @@ ROWS = [
      "max_new_tokens", "trained"),
     ("sample: zero samples", "sample", ["--workdir={W}", "--num_samples=0"], "num_samples",
      "trained"),
+    # 64 rows x 2**31 - 1 tokens: ~1.5 TiB of buffers in one call (XLA's out of memory was a
+    # traceback, then an abort from decode_groups' threads); one streamed sample runs in chunks
+    ("sample: buffers larger than the memory", "sample",
+     ["--workdir={W}", "--num_samples=64", "--max_new_tokens=2147483647"],
+     "GiB of buffers at once", "trained"),
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
     ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),

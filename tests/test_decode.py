@@ -301,6 +301,22 @@ def test_row_groups_split_small_models_over_the_cores(tiny_config, monkeypatch):
     assert decode.row_groups(tiny_config, 8) == 1
 
 
+def test_a_generation_whose_buffers_do_not_fit_is_refused(tiny_config, tiny_params,
+                                                          monkeypatch):
+    """One call holds 12 bytes a row and token of its budget; past the free memory it is
+    refused by name (XLA's out of memory was a traceback, from threads an abort). A streamed
+    generation runs in chunks and is not refused. The budget stays an int32."""
+    monkeypatch.setattr(decode, "_available_memory", lambda: 2 * 32 * decode.BYTES_PER_TOKEN)
+    assert decode.generate(tiny_config, tiny_params, [[1], [2]], max_new_tokens=20) != []
+    with pytest.raises(decode.GenerationError, match="max_new_tokens=40 for 2 row.*GiB"):
+        decode.generate(tiny_config, tiny_params, [[1], [2]], max_new_tokens=40)
+    streamed = []
+    decode.generate(tiny_config, tiny_params, [[1]], max_new_tokens=5000,
+                    on_tokens=lambda i, tokens_B, done_B: streamed.append(i))
+    assert len(streamed) == 5000
+    assert decode.token_budget(2**31 - 1) == 2**31 - 1
+
+
 def test_the_cache_size_is_read_from_sysfs(tmp_path):
     for name, level, size in (("index0", "1", "48K"), ("index2", "2", "1024K"),
                               ("index3", "3", "32768K")):

@@ -89,6 +89,10 @@ MIN_SEGMENT = 128
 
 
 MAX_SEED = 2**31 - 1  # seeds of sample.py and the server alike: a JAX key holds 32 bits
+INT32_MAX = 2**31 - 1
+# What one call's buffers hold per row and token of its budget: the token (int32) and its
+# key data (2 x uint32), made before the loop.
+BYTES_PER_TOKEN = 12
 
 
 class GenerationError(ValueError):
@@ -137,7 +141,7 @@ def token_budget(max_new_tokens: int, room: int | None = None) -> int:
     `room` (the context's slots after the padded prompt, S - P) when the request fits there
     and that power of two does not: then the program has no window loop to compile (the
     cache cannot fill), e.g. the quick start's 100-token sample after a 16-slot prompt."""
-    budget = _bucket(max_new_tokens)
+    budget = min(_bucket(max_new_tokens), INT32_MAX)  # the device counts steps in int32
     if room is not None and max_new_tokens <= room < budget:
         return room
     return budget
@@ -580,7 +584,9 @@ def decode_groups(params, caches, prompt_BP, start_B, key, temperature, top_k, t
         tokens_RN, _ = _program(params, caches[g], prompt_BP[rows], start_B[rows], key,
                                 temperature, top_k, top_p, eos_id, n, np.int32(0),
                                 np.int32(g * R), common, config=config, budget=budget)
-        return np.asarray(tokens_RN)  # waits for this group
+        # Waits for this group. block_until_ready raises a failed call's error (out of
+        # memory); np.asarray on such an array aborted the process in XLA's buffer protocol.
+        return np.asarray(jax.block_until_ready(tokens_RN))
 
     if G == 1:
         return group(0)
@@ -616,6 +622,37 @@ def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new
     generate_fn.lower(params, cache, like(prompt_BP), like(start_B),
                       jax.ShapeDtypeStruct(key_data.shape, key_data.dtype, sharding=rep),
                       *map(like, knobs)).compile()
+
+
+def _available_memory() -> int | None:
+    """Bytes this machine can still give (Linux's MemAvailable; on an accelerator, its free
+    memory), or None where neither is known."""
+    if jax.default_backend() != "cpu":
+        stats = jax.devices()[0].memory_stats() or {}
+        if "bytes_limit" in stats:
+            return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_buffers(batch: int, budget: int, max_new_tokens: int) -> None:
+    """Refuses a generation whose one-call buffers (BYTES_PER_TOKEN per row and token of the
+    budget) would not fit in the memory left: XLA's out-of-memory was a traceback, and from
+    decode_groups' threads an abort. A streamed sample runs in chunks and never needs it."""
+    need, available = batch * budget * BYTES_PER_TOKEN, _available_memory()
+    if available is not None and need > available:
+        raise GenerationError(
+            f"max_new_tokens={max_new_tokens:,} for {batch} row(s) needs {need / 2**30:,.1f} "
+            f"GiB of buffers at once and {available / 2**30:,.1f} GiB is free: ask for fewer "
+            "tokens or samples, or stream one sample (sample.py does by default; it runs in "
+            "chunks)")
 
 
 def left_pad(prompts, max_seq_len: int):
@@ -670,6 +707,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
     knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.int32(eos_id),
              np.int32(max_new_tokens))
     ended_at = {}
+    if mesh is not None or on_tokens is None:  # one call holds the whole budget
+        check_buffers(len(prompts), budget, max_new_tokens)
     if mesh is not None:
         if on_tokens is not None:
             raise GenerationError("on_tokens (streaming) decodes on one device: drop mesh")
@@ -679,6 +718,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
         key_data = jax.device_get(jax.random.key_data(key))
         tokens_BN, _ = generate_fn(jax.device_put(params, param_sh), cache_fn(), put(prompt_BP),
                                    put(start_B), put(key_data), *map(put, knobs))
+        tokens_BN = jax.block_until_ready(tokens_BN)  # a failed call raises (np.asarray aborts)
     elif on_tokens is not None and max_new_tokens > _chunk(config):
         tokens_BN = _generate_chunks(config, params, prompt_BP, start_B, key, knobs[:4],
                                      max_new_tokens, on_tokens, ended_at)
