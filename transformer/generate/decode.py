@@ -50,8 +50,10 @@ shardings: parameters as in training, the KV cache split over batch rows and hea
 prompts and the returned tokens copied on every device.
 
 On one CPU device a small model's batch runs as several programs at once (`decode_groups`,
-`row_groups`): equal groups of rows, each its own cache and thread, with the tokens of one
-program of all the rows. XLA-CPU leaves cores idle in such a model's decode step.
+`row_groups`): equal groups of rows, each its own cache and thread, with the keys and
+layout of one program of all the rows (its tokens in float32; in bfloat16 matmuls a group
+rounds as a program of its own row count: docs/sampling.md, "Within rounding"). XLA-CPU
+leaves cores idle in such a model's decode step.
 """
 
 from __future__ import annotations
@@ -339,7 +341,7 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     to the host as it is made (`_deliver`). The rows are rows first_row .. first_row+B-1 of
     a batch whose every row has `common` columns of left padding (its smallest start_B):
     decoded with that batch's keys and layout, a group of rows (`decode_groups`) makes the
-    tokens the whole batch makes.
+    tokens the whole batch makes, up to the rounding of its own batch size.
     """
     config = dataclasses.replace(config, scan_layers=False)
     params = unstack_layers(params, config.n_layers)  # once, outside the loop
@@ -573,8 +575,9 @@ def decode_groups(params, caches, prompt_BP, start_B, key, temperature, top_k, t
                   n, *, config: ModelConfig, budget: int) -> np.ndarray:
     """`_program` over len(caches) equal groups of rows at once, each called from a thread of
     its own; returns the tokens [B, budget] on the host. Group g's rows keep their keys (its
-    first row's number is traced: one compiled program serves every group), so the tokens
-    are the ones a single program gives. The caches are donated."""
+    first row's number is traced: one compiled program serves every group) and the batch's
+    layout, so the tokens are the ones a single program gives in float32; in bfloat16
+    matmuls each group rounds as a program of its row count. The caches are donated."""
     prompt_BP, start_B = np.asarray(prompt_BP), np.asarray(start_B)  # cut on the host
     G, B = len(caches), prompt_BP.shape[0]
     R, common = B // G, np.int32(start_B.min())
