@@ -303,7 +303,7 @@ def test_row_groups_split_small_models_over_the_cores(tiny_config, monkeypatch):
 
 def test_a_generation_whose_buffers_do_not_fit_is_refused(tiny_config, tiny_params,
                                                           monkeypatch):
-    """One call holds 12 bytes a row and token of its budget; past the free memory it is
+    """One call takes BYTES_PER_TOKEN a row and token of its budget; past the free memory it is
     refused by name (XLA's out of memory was a traceback, from threads an abort). A streamed
     generation runs in chunks and is not refused. The budget stays an int32."""
     monkeypatch.setattr(decode, "_available_memory", lambda: 2 * 32 * decode.BYTES_PER_TOKEN)
@@ -315,6 +315,22 @@ def test_a_generation_whose_buffers_do_not_fit_is_refused(tiny_config, tiny_para
                     on_tokens=lambda i, tokens_B, done_B: streamed.append(i))
     assert len(streamed) == 5000
     assert decode.token_budget(2**31 - 1) == 2**31 - 1
+
+
+def test_a_containers_cpu_quota_and_memory_limit_count(tmp_path):
+    """A container's `--cpus=1.5` (cgroup v2 cpu.max "150000 100000") leaves 2 cores of the
+    ones taskset allows, "max" all of them; its memory.max caps what MemAvailable says."""
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert decode._usable_cores(tmp_path) == min(2, decode._usable_cores(tmp_path / "none"))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert decode._usable_cores(tmp_path) == decode._usable_cores(tmp_path / "none")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n")
+    assert decode._available_memory(meminfo, tmp_path / "none") == 8000000 * 1024
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    (tmp_path / "memory.current").write_text("73741824\n")
+    assert decode._available_memory(meminfo, tmp_path) == 10**9
+    assert decode._available_memory(tmp_path / "none", tmp_path / "none") is None
 
 
 def test_the_cache_size_is_read_from_sysfs(tmp_path):

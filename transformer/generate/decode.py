@@ -92,9 +92,11 @@ MIN_SEGMENT = 128
 
 MAX_SEED = 2**31 - 1  # seeds of sample.py and the server alike: a JAX key holds 32 bits
 INT32_MAX = 2**31 - 1
-# What one call's buffers hold per row and token of its budget: the token (int32) and its
-# key data (2 x uint32), made before the loop.
-BYTES_PER_TOKEN = 12
+# What one call takes per row and token of its budget: the token (int32) and its key data
+# (2 x uint32), made before the loop, 12 bytes; the process's peak grew by 1.5-1.8x that
+# (1 row x 2**24 tokens, 8 rows x 2**22; 2-vCPU AMD EPYC Zen 5), so twice it is counted.
+BYTES_PER_TOKEN = 24
+CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 
 
 class GenerationError(ValueError):
@@ -531,10 +533,20 @@ def new_caches(*, config: ModelConfig, batch: int, groups: int) -> list:
 SMALL_WEIGHTS_FALLBACK = 16 * 2**20  # bytes: half of a common 32 MB L3, where sysfs is silent
 
 
-def _usable_cores() -> int:
+def _usable_cores(cgroup: Path = CGROUP) -> int:
+    """The cores this process may run on (taskset, cpusets), at most its CPU quota (a
+    container's `--cpus`: cgroup v2's cpu.max, "quota period" or "max period")."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))  # what taskset/cgroups leave this process
-    return os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def _small_weights() -> int:
@@ -627,22 +639,30 @@ def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new
                       *map(like, knobs)).compile()
 
 
-def _available_memory() -> int | None:
-    """Bytes this machine can still give (Linux's MemAvailable; on an accelerator, its free
-    memory), or None where neither is known."""
+def _available_memory(meminfo: Path = Path("/proc/meminfo"),
+                      cgroup: Path = CGROUP) -> int | None:
+    """Bytes this process can still take: Linux's MemAvailable, at most what its cgroup's
+    memory.max leaves (a container's limit, which MemAvailable does not see); on an
+    accelerator, its free memory. None where nothing is known."""
     if jax.default_backend() != "cpu":
         stats = jax.devices()[0].memory_stats() or {}
         if "bytes_limit" in stats:
             return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
         return None
+    known = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                known.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
         pass
-    return None
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            known.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(known) if known else None
 
 
 def check_buffers(batch: int, budget: int, max_new_tokens: int) -> None:
