@@ -265,7 +265,7 @@ def test_groups_of_rows_make_the_tokens_of_one_program(tiny_config, tiny_params,
     kwargs = dict(max_new_tokens=100, temperature=0.9, top_k=40, top_p=0.9, seed=3)
     one = decode.generate(config, params, prompts, groups=1, **kwargs)
     assert len({tuple(row) for row in one}) == 8  # every row its own text
-    for groups in (2, 3, 4, 5, 8):  # 3 and 5 fill their last group with copies of row 7
+    for groups in (2, 3, 4, 8):  # 3 groups of 3 rows: the last holds a copy of row 7
         assert decode.generate(config, params, prompts, groups=groups, **kwargs) == one
 
 
@@ -294,6 +294,8 @@ def test_row_groups_split_small_models_over_the_cores(tiny_config, monkeypatch):
     assert [decode.row_groups(tiny_config, b) for b in (1, 2, 3, 8)] == [1, 2, 2, 2]
     monkeypatch.setattr(decode, "_usable_cores", lambda: 8)
     assert [decode.row_groups(tiny_config, b) for b in (6, 7, 8, 16)] == [6, 7, 8, 8]
+    monkeypatch.setattr(decode, "_usable_cores", lambda: 4)  # 5 rows: 2 + 2 + 1, no empty group
+    assert [decode.row_groups(tiny_config, b) for b in (3, 5, 7)] == [3, 3, 4]
     monkeypatch.setattr(decode, "_small_weights", lambda: 1000)
     assert decode.row_groups(tiny_config, 8) == 1
     monkeypatch.undo()

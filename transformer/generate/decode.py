@@ -579,7 +579,13 @@ def row_groups(config: ModelConfig, batch: int) -> int:
         2 if kernels.decode_matmul(config, batch) == "fast_bf16" else 4)
     if weight_bytes > _small_weights():
         return 1
-    return min(_usable_cores(), batch)
+    return whole_groups(batch, min(_usable_cores(), batch))
+
+
+def whole_groups(batch: int, groups: int) -> int:
+    """The groups of ceil(batch / groups) rows that `batch` rows fill: none left holding only
+    copies (5 rows in 4 groups would be 2 + 2 + 1 + 0 rows: 3 groups of 2)."""
+    return -(-batch // -(-batch // groups))
 
 
 def decode_groups(params, caches, prompt_BP, start_B, key, temperature, top_k, top_p, eos_id,
@@ -763,6 +769,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
             _SINKS.pop(stream_id, None)
     else:
         G = row_groups(config, len(prompts)) if groups is None else groups
+        G = whole_groups(len(prompts), G)
         tokens_BN = decode_groups(params, new_caches(config=config, batch=len(prompts),
                                                      groups=G),
                                   prompt_BP, start_B, key, *knobs, config=config, budget=budget)
