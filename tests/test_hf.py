@@ -7,6 +7,8 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # from_pretrained on a local path; never the network
 
 import dataclasses
+import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -643,3 +645,43 @@ def test_sample_ends_at_the_folders_end_of_sequence_token(tmp_path):
         result = run_cli(*args, *flags)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split("---\n", 1)[1] == prompt + text + "\n"
+
+
+GOOD_GPT2 = {"model_type": "gpt2", "vocab_size": 320, "n_embd": 32, "n_layer": 2, "n_head": 4,
+             "n_positions": 64}
+
+
+@pytest.mark.parametrize("config_json, phrase", [
+    ('{"model_type": "gpt2", ', "config.json is not readable JSON"),  # a cut file
+    ("[1, 2]", "config.json holds a JSON list"),
+    (json.dumps({**GOOD_GPT2, "n_embd": "abc"}), "n_embd='abc': must be a positive integer"),
+    (json.dumps({**GOOD_GPT2, "n_layer": 2.5}), "n_layer=2.5: must be a positive integer"),
+    (json.dumps({"model_type": "llama", "rms_norm_eps": 1e-5, "hidden_size": 32}),
+     "has no 'num_attention_heads'"),
+])
+def test_a_damaged_config_json_is_one_hf_error_naming_the_key(config_json, phrase, tmp_path):
+    """A cut, non-object or mistyped config.json was a JSONDecodeError, AttributeError,
+    TypeError or KeyError traceback from `sample.py --hf` / `serve --hf` / `init_from`."""
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "config.json").write_text(config_json)
+    with pytest.raises(hf.HFError, match=re.escape(phrase)):
+        hf.model_config_from_hf(hf_import.read_config(tmp_path, "--hf=x"), "--hf=x")
+
+
+@pytest.mark.parametrize("tokenizer_json, phrase", [
+    ('{"model": ', "tokenizer.json is not readable JSON"),
+    ('{"model": {"type": "Nope"}}', "tokenizer.json is not a tokenizer"),
+])
+def test_a_damaged_tokenizer_json_is_one_hf_error(tokenizer_json, phrase, tmp_path):
+    (tmp_path / "tokenizer.json").write_text(tokenizer_json)
+    with pytest.raises(hf.HFError, match=re.escape(phrase)):
+        hf_import.tokenizer(tmp_path)
+
+
+def test_sample_of_an_hf_folder_with_a_cut_config_json_is_one_line(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "config.json").write_text('{"model_type": ')
+    result = run_cli("sample.py", f"--hf={tmp_path}", "--prompt=ab")
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --hf=") and "config.json is not readable JSON" in line

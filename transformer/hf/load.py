@@ -57,7 +57,21 @@ def read_config(path, where: str) -> dict:
     _, config = _files(path, where)
     if config is None:
         raise hf.HFError(f"{where}: no config.json next to the weights; it says the model shape")
-    return json.loads(config.read_text())
+    return _json_object(config, where)
+
+
+def _json_object(path: Path, where: str) -> dict:
+    """The JSON object in `path`, or an HFError naming the file (a damaged or cut file was a
+    JSONDecodeError traceback, a list an AttributeError)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise hf.HFError(f"{where}: {path} is not readable JSON ({e}); copy the folder's "
+                         "files again") from None
+    if not isinstance(value, dict):
+        raise hf.HFError(f"{where}: {path} holds a JSON {type(value).__name__}, not the object "
+                         "a Hugging Face folder's file holds") from None
+    return value
 
 
 def tokenizer(path):
@@ -67,8 +81,15 @@ def tokenizer(path):
     if not (folder / "tokenizer.json").is_file():
         return None
     from tokenizers import Tokenizer
-    ours = _exported_kind(json.loads((folder / "tokenizer.json").read_text()))
-    return ours or tokenizers.BPETokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
+    file = folder / "tokenizer.json"
+    ours = _exported_kind(_json_object(file, f"--hf={path}"))
+    if ours:
+        return ours
+    try:
+        return tokenizers.BPETokenizer(Tokenizer.from_file(str(file)))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises its own exception type
+        raise hf.HFError(f"--hf={path}: {file} is not a tokenizer the tokenizers library reads "
+                         f"({e})") from None
 
 
 def _exported_kind(spec: dict):

@@ -114,9 +114,36 @@ def hf_config(mc: ModelConfig) -> dict:
             **rope_like, "mlp_bias": mc.bias}
 
 
+# Our size fields and the config.json keys they come from.
+_GPT2_KEYS = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer",
+              "n_heads": "n_head", "d_ff": "n_inner", "max_seq_len": "n_positions"}
+_LLAMA_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size",
+               "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+               "d_ff": "intermediate_size", "max_seq_len": "max_position_embeddings"}
+
+
 def model_config_from_hf(cfg: dict, where: str) -> ModelConfig:
     """Our ModelConfig for a `transformers` config.json (GPT-2 or Llama); refuses settings
-    our model computes differently, naming the config.json key."""
+    our model computes differently, naming the config.json key. A key missing (Llama's have
+    no defaults here) or of the wrong type is refused too: a KeyError or TypeError traceback."""
+    try:
+        config = _model_config_from_hf(cfg, where)
+    except KeyError as e:
+        raise HFError(f"{where}: config.json has no {e.args[0]!r}, which the model shape "
+                      "needs; copy the folder's config.json again") from None
+    except TypeError as e:
+        raise HFError(f"{where}: config.json holds a value of the wrong type ({e}); its sizes "
+                      "are integers") from None
+    keys = _GPT2_KEYS if cfg.get("model_type") == "gpt2" else _LLAMA_KEYS
+    for field, key in keys.items():
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HFError(f"{where}: config.json {key}={cfg.get(key)!r}: must be a positive "
+                          f"integer (our model.{field})")
+    return config
+
+
+def _model_config_from_hf(cfg: dict, where: str) -> ModelConfig:
     def refuse(key, need):
         raise HFError(f"{where}: config.json {key}={cfg.get(key)!r}: {need}")
 
