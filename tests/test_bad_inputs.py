@@ -112,6 +112,13 @@ ROWS = [
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
     ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),
+    # $'\xed\xa0\x80' (a lone surrogate's UTF-8) and $'\xff' reach Python as surrogates that no
+    # tokenizer encodes: a UnicodeEncodeError traceback for --prompt, a --stop never matched.
+    ("sample: prompt that is not UTF-8", "sample",
+     ["--workdir={W}", "--prompt=the \udced\udca0\udc80"],
+     "--prompt holds bytes that are not UTF-8", "trained"),
+    ("sample: stop that is not UTF-8", "sample", ["--workdir={W}", "--stop=\udcff"],
+     "--stop holds bytes that are not UTF-8", "trained"),
     # Damaged prepared folders (damaged_folders plants them) and a damaged corpus named directly.
     ("prepared folder: manifest cut short", "train", ["--config.data.corpus={D}/p_cut_manifest"],
      "unreadable manifest.json", "fresh"),
