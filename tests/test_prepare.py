@@ -389,6 +389,9 @@ BAD = [
     ("no --out", ["{T}/doc.txt"], "--out"),
     ("not a tokenizer file", ["{T}/doc.txt", "--out={T}/o8", "--tokenizer={T}/doc.txt"],
      "not a tokenizers file"),
+    # BPE learned from no text: a tokenizer of bytes alone, written without a word.
+    ("bpe from no sample", ["{T}/doc.txt", "--out={T}/o9", "--tokenizer=bpe", "--sample_bytes=0"],
+     "--sample_bytes=0"),
     # Damaged files (planted by damage_files): the file and the fault, no folder.
     ("a .gz cut short", ["{T}/cut.jsonl.gz", "--out={T}/d1"],
      "cut.jsonl.gz: Compressed file ended before the end-of-stream marker"),

@@ -219,6 +219,10 @@ def prepare(inputs, out, tokenizer: str = "byte", vocab_size: int = 8192,
     out = Path(out).expanduser()
     if not 0.0 < val_fraction < 1.0:
         raise CorpusError(f"--val_fraction={val_fraction}: must be strictly between 0 and 1")
+    if tokenizer == "bpe" and sample_bytes < 1:
+        # BPE learned from no text: 256 bytes and no merge, whatever --vocab_size asked for.
+        raise CorpusError(f"--sample_bytes={sample_bytes}: bpe learns its merges from this "
+                          f"much text; give at least 1 (default {SAMPLE_BYTES:,})")
     if out.exists() and not overwrite:
         raise CorpusError(f"--out={out} exists; pass --overwrite to replace it")
     if out.exists() and not (out.is_dir() and ((out / "manifest.json").is_file()
