@@ -303,6 +303,25 @@ def test_nan_knobs_are_refused(server, field):
     assert r.status_code == 400 and r.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize("path, body, param, what", [
+    ("completions", '"prompt": "ab\\ud800", "max_tokens": 4', "prompt", "prompt 0"),
+    ("completions", '"prompt": "ab", "stop": ["x", "\\udfff"], "max_tokens": 4', "stop",
+     "stop 1"),
+    ("chat/completions", '"messages": [{"role": "user", "content": "ab\\ud800"}]', "messages",
+     "messages[0].content"),
+])
+def test_an_unpaired_surrogate_is_refused_naming_the_field(server, path, body, param, what):
+    """JSON's "\\ud800" alone is valid JSON but no Unicode text: a prompt's 400 said
+    "'utf-8' codec can't encode character" (for a chat, at a position in the rendered
+    template), and a stop string of one was accepted and could never match."""
+    r = httpx.post(f"{server}/v1/{path}", content=f"{{{body}}}".encode(), timeout=60,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(
+        f"{what} holds an unpaired surrogate"), error
+
+
 @pytest.mark.parametrize("field", ["stream", "echo"])
 def test_null_flags_mean_their_default(server, field):
     """OpenAI types stream and echo "boolean or null"; a client that writes out every field

@@ -117,7 +117,21 @@ def _prompts(body) -> list:
         if len(p) == 0:
             raise ApiError(f"prompt {i} is empty: give at least one character or token",
                            "prompt")
+        if isinstance(p, str):
+            check_unicode(p, f"prompt {i}", "prompt")
     return prompts
+
+
+def check_unicode(text: str, what: str, param: str) -> None:
+    """JSON's "\\ud800" alone parses, but is no Unicode text: the tokenizer's
+    UnicodeEncodeError was the 400's message ("'utf-8' codec can't encode character ...",
+    at a position in the rendered chat), and a stop string of one never matched."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(f"{what} holds an unpaired surrogate ({text[e.start]!r} at character "
+                       f"{e.start}): a \\uD800-\\uDFFF escape must be one of a pair; send "
+                       "Unicode text", param) from None
 
 
 def _stops(body) -> tuple:
@@ -129,6 +143,8 @@ def _stops(body) -> tuple:
         raise ApiError("stop: must be a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOPS:
         raise ApiError(f"stop: at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    for i, text in enumerate(stops):
+        check_unicode(text, f"stop {i}", "stop")
     return tuple(stops)
 
 

@@ -160,7 +160,9 @@ def _messages(body) -> list[dict]:
         if m.get("tool_calls") or m.get("function_call"):
             raise ApiError(f"messages[{i}]: tool calls are not supported by this server",
                            "messages")
-        out.append({"role": role, "content": _content(i, m.get("content"))})
+        content = _content(i, m.get("content"))
+        api.check_unicode(content, f"messages[{i}].content", "messages")
+        out.append({"role": role, "content": content})
     return out
 
 
