@@ -281,6 +281,24 @@ def test_a_non_loopback_host_needs_an_api_key(tmp_path):
     assert "--api_key" in line
 
 
+def test_a_port_in_use_is_one_line_before_the_model_loads(tmp_path):
+    """It loaded and compiled the model, printed "serving on ...", then uvicorn's "ERROR:
+    [Errno 98] ... address already in use" and exit 3: it never served. The empty workdir
+    shows the port is checked first."""
+    from tests.conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run_cli("-m", "transformer", "serve", f"--workdir={tmp_path}",
+                         f"--port={port}", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --host=127.0.0.1 --port={port}: cannot listen there"), line
+    assert "another --port" in line and "serving on" not in result.stdout
+
+
 # --- in-process ----------------------------------------------------------------------------
 class BrokenEngine:
     """An engine whose work fails in ways that are not the request's fault."""

@@ -89,6 +89,7 @@ def main(argv):
                  "max_queue >= 1 and max_body >= 1024")
     if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
         cli.fail(f"--workdir={_WORKDIR.value}: no such folder; train a run there first")
+    sock = bind(_HOST.value, _PORT.value)
     import uvicorn
 
     from transformer.serve.app import create_app
@@ -109,12 +110,42 @@ def main(argv):
                      max_queue=_MAX_QUEUE.value, max_body=_MAX_BODY.value)
     notes = ["chat template: " + ("the folder's" if template.jinja else "plain")]
     notes += ["API key required"] if _API_KEY.value else []
-    print(f"serving on http://{_HOST.value}:{_PORT.value}/  (OpenAI API under /v1; "
+    port = sock.getsockname()[1]  # --port=0: the one the system chose
+    print(f"serving on http://{_HOST.value}:{port}/  (OpenAI API under /v1; "
           f"{'; '.join(notes)})", flush=True)
     try:
-        uvicorn.run(app, host=_HOST.value, port=_PORT.value, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:
         engine.close()
+        sock.close()
+
+
+def bind(host: str, port: int):
+    """The listening socket, bound before the model loads: a port in use or a host that is
+    not this machine's printed "serving on ..." after the load and the compile, then
+    uvicorn's "ERROR: [Errno 98] ..." and exit 3 (the server never served)."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        cli.fail(f"--host={host}: {e.strerror}; give an address of this machine, e.g. "
+                 "127.0.0.1 or 0.0.0.0")
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        fix = ("choose another --port, or stop what holds it" if e.errno == errno.EADDRINUSE
+               else "give an address of this machine (127.0.0.1, 0.0.0.0) and a free --port")
+        cli.fail(f"--host={host} --port={port}: cannot listen there ({e.strerror}); {fix}")
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":
