@@ -46,6 +46,9 @@ def test_a_saved_config_round_trips():
     ("sample", "temperature", -0.5, "sample.temperature"),
     # accepted here, it raised OverflowError in the sample after the whole run had trained
     ("sample", "top_k", 2**31, "sample.top_k=2147483648: must be at most 2,147,483,647"),
+    # accepted here, `python -m transformer sizes` stopped in JAX's OverflowError traceback
+    ("model", "max_seq_len", 10**11, "model.max_seq_len=100000000000: must be at most 2,147,"),
+    ("model", "vocab_size", 2**31, "model.vocab_size=2147483648: must be at most 2,147,"),
     ("sample", "max_new_tokens", -1, r"sample.max_new_tokens=-1: must be .* >= 0 \(0: no sample"),
     ("sample", "prompt", "", "sample.prompt='': must not be empty"),
     ("train", "lr", float("inf"), "train.lr=inf: must be a finite"),  # --config.train.lr=1e400

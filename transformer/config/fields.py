@@ -69,6 +69,14 @@ def _positive(v):
     return None if v > 0 else "must be a positive integer"
 
 
+def _int32_positive(v):
+    """A length the device counts in int32 (positions, cache slots): past it (and past it in
+    vocab_size), `sizes` stopped in JAX's OverflowError traceback."""
+    if v > 2**31 - 1:
+        return "must be at most 2,147,483,647 (positions are int32 on the device)"
+    return _positive(v)
+
+
 def _non_negative(v):
     if not math.isfinite(v):  # 1e400 reads as inf: a number no step survives
         return "must be a finite number >= 0"
@@ -136,13 +144,15 @@ def _f(name, default, doc, resume, choices=(), check=None):
 _MODEL = [
     _f("model.vocab_size", 0, "vocabulary size; 0: the tokenizer's (byte: 257, the end-of-text "
        "token included)", FIXED,
-       check=lambda v: None if v >= 0 else "must be > 0, or 0 to take it from the tokenizer"),
+       check=lambda v: ("must be at most 2,147,483,647 (token ids are int32 on the device)"
+                        if v > 2**31 - 1 else None if v >= 0 else
+                        "must be > 0, or 0 to take it from the tokenizer")),
     _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
     _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),
     _f("model.n_heads", 4, "attention (query) heads", FIXED, check=_positive),
     _f("model.d_ff", 512, "MLP hidden width (4 * d_model in GPT-2)", FIXED, check=_positive),
     _f("model.max_seq_len", 128, "context length: positions, KV-cache slots, training length",
-       FIXED, check=_positive),
+       FIXED, check=_int32_positive),
     # Resolved at the run's start with vocab_size=0 (train/start.py): a padded vocabulary
     # rounds the tokenizer's size up, and vocab_used records where the real ids end. Resuming
     # keeps the checkpoint's vocabulary, so the multiple may change freely.
