@@ -61,7 +61,7 @@ def main(argv):
     if any(not stop for stop in _STOP.value or []):
         cli.fail("--stop is empty: give the text that ends a sample, e.g. --stop=$'\\n'")
     for name, text in [("--prompt", _PROMPT.value), *(("--stop", s) for s in _STOP.value or [])]:
-        _check_utf8(name, text)
+        cli.check_utf8(name, text)
     config_lib.check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _MAX_NEW.value)
     from transformer.generate import text as textgen
 
@@ -89,18 +89,6 @@ def main(argv):
             printer.gone = True
     if printer.gone:
         _reader_gone()
-
-
-def _check_utf8(name: str, text: str) -> None:
-    """Bytes that are not UTF-8 in an argument ($'\\xff', a lone surrogate's $'\\xed\\xa0\\x80')
-    reach Python as surrogates no tokenizer encodes: a UnicodeEncodeError traceback for
-    --prompt, a --stop that never matched."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raw = text[e.start:e.end].encode("utf-8", "surrogateescape")
-        cli.fail(f"{name} holds bytes that are not UTF-8 text ({raw!r} at character {e.start}):"
-                 " give it as UTF-8")
 
 
 def _reader_gone():

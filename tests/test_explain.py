@@ -112,3 +112,12 @@ def test_cli_refuses_dims_below_one(dims):
                       timeout=300)
     assert result.returncode == 2 and result.stderr.startswith(f"error: --dims={dims}")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_text_that_is_not_utf8():
+    # $'ab\xff' reaches Python as a surrogate: the byte tokenizer's UnicodeEncodeError traceback
+    from tests.conftest import fork_run
+    result = fork_run("-m", "transformer", "explain", "--text=ab\udcff", cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr[-500:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --text holds bytes that are not UTF-8 text (b'\\xff'")

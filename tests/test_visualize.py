@@ -161,6 +161,17 @@ def test_cli_with_an_out_that_cannot_be_a_folder_is_one_error_line(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_cli_with_a_prompt_that_is_not_utf8_is_one_error_line(tmp_path):
+    """$'\\xed\\xa0\\x80' (a lone surrogate's UTF-8) was a UnicodeEncodeError traceback."""
+    _fake_run(tmp_path / "run")
+    result = _run(f"--workdir={tmp_path / 'run'}", "--prompt=a\udced\udca0\udc80",
+                  f"--out={tmp_path / 'x'}")
+    assert result.returncode == 2, result.stderr[-500:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --prompt holds bytes that are not UTF-8 text")
+    assert not (tmp_path / "x").exists()
+
+
 def test_next_token_candidates_that_are_parts_of_a_character_look_different():
     from transformer.data import tokenizers
     tokenizer = tokenizers.ByteTokenizer()

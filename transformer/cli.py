@@ -47,6 +47,18 @@ def fail(message: str, status: int = 2):
     sys.exit(status)
 
 
+def check_utf8(flag: str, text: str) -> None:
+    """Bytes that are not UTF-8 in an argument ($'\\xff', a lone surrogate's
+    $'\\xed\\xa0\\x80') reach Python as surrogates that no tokenizer encodes: refused here,
+    naming the flag (it was a UnicodeEncodeError traceback)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[e.start:e.end].encode("utf-8", "surrogateescape")
+        fail(f"{flag} holds bytes that are not UTF-8 text ({raw!r} at character {e.start}): "
+             "give it as UTF-8")
+
+
 def cannot_write(path, folder: bool) -> str | None:
     """Why the file (folder=False) or folder `path` could not be written, or None: checked
     before a command's work, so that a mistyped --out costs nothing. The nearest part of the

@@ -161,6 +161,7 @@ def main(argv):
     f = flags.FLAGS
     if f.dims < 1:
         cli.fail(f"--dims={f.dims}: must be at least 1")
+    cli.check_utf8("--text", f.text)
     if f.workdir:
         model_config, params, tokenizer, _ = load_run(f.workdir)
     else:

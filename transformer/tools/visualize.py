@@ -240,6 +240,7 @@ def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     f = flags.FLAGS
+    cli.check_utf8("--prompt", f.prompt)
     why = cli.cannot_write(f.out, folder=True) if f.out else None
     if why:
         cli.fail(f"--out={f.out}: cannot write there ({why}); choose another --out")
