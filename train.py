@@ -126,6 +126,9 @@ def main(argv):
     from transformer.parallel import sharding
     from transformer.train import run, start
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
+    # A path that is not UTF-8 trained the whole run, then orbax could not name a file in it:
+    # a traceback, and no checkpoint.
+    cli.check_utf8("--workdir", workdir)
     mesh = sharding.make_mesh(config.mesh)
 
     def sample_args(tokenizer):

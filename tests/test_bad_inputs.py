@@ -54,6 +54,12 @@ ROWS = [
      ["--config.data.tokenizer=byte", "--config.model.vocab_size=100"], "vocab_size", "fresh"),
     ("sample temperature < 0", "train", ["--config.sample.temperature=-1"], "temperature",
      "fresh"),
+    # Not UTF-8 ($'\xff'): the sample's prompt was a traceback after the whole run; a workdir
+    # trained the whole run, then orbax could not write its checkpoint there (a traceback).
+    ("sample prompt that is not UTF-8", "train", ["--config.sample.prompt=the \udcff"],
+     "sample.prompt='the \\udcff': holds bytes that are not UTF-8", "fresh"),
+    ("workdir that is not UTF-8", "train", [], "--workdir holds bytes that are not UTF-8",
+     "not_utf8"),
     ("mesh that does not fit the devices", "train", ["--config.mesh.data=3"], "mesh.data=3",
      "fresh"),
     ("missing corpus", "train", ["--config.data.corpus={D}/missing.txt"], "no such file",
@@ -205,6 +211,8 @@ def prepare(row_index: int, kind, d: Path, tmp: Path) -> Path:
     elif kind == "file":
         workdir = tmp / f"row{row_index}.file"
         workdir.write_text("a file, not a folder\n")
+    elif kind == "not_utf8":
+        workdir = tmp / f"row{row_index}\udcff"
     elif kind == "under_file":
         (tmp / f"row{row_index}.file").write_text("a file\n")
         workdir = tmp / f"row{row_index}.file" / "run"

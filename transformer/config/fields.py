@@ -77,6 +77,17 @@ def _int32_positive(v):
     return _positive(v)
 
 
+def _prompt(v):
+    if not v:
+        return ("must not be empty: give at least one character for the sample to continue, "
+                "e.g. sample.prompt='def '")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # $'\\xff' on the command line: the tokenizer's traceback
+        return "holds bytes that are not UTF-8 text: give it as UTF-8"  # after the training
+    return None
+
+
 def _non_negative(v):
     if not math.isfinite(v):  # 1e400 reads as inf: a number no step survives
         return "must be a finite number >= 0"
@@ -307,9 +318,7 @@ _MESH = [
 
 # The sample printed at the end of training; checked together by config.check_sampling.
 _SAMPLE = [
-    _f("sample.prompt", "def ", "text the sample continues", FREE,
-       check=lambda v: None if v else "must not be empty: give at least one character for "
-       "the sample to continue, e.g. sample.prompt='def '"),
+    _f("sample.prompt", "def ", "text the sample continues", FREE, check=_prompt),
     _f("sample.max_new_tokens", 100, "tokens sampled; 0: no sample (nor its compile)", FREE),
     _f("sample.temperature", 0.8, "0: greedy", FREE),
     _f("sample.top_k", 40, "keep the k likeliest tokens; 0 disables", FREE),
