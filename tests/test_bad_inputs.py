@@ -118,6 +118,9 @@ ROWS = [
     ("sample: no such step", "sample", ["--workdir={W}", "--step=999"], "no such checkpoint",
      "trained"),
     ("sample: empty stop", "sample", ["--workdir={W}", "--stop="], "--stop is empty", "trained"),
+    # Orbax's "ERROR:absl:Failed to json parse Metadata file" lines came before the error line.
+    ("sample: every checkpoint file emptied", "sample", ["--workdir={W}"],
+     "no readable checkpoint", "emptied_checkpoint"),
     # $'\xed\xa0\x80' (a lone surrogate's UTF-8) and $'\xff' reach Python as surrogates that no
     # tokenizer encodes: a UnicodeEncodeError traceback for --prompt, a --stop never matched.
     ("sample: prompt that is not UTF-8", "sample",
@@ -206,6 +209,11 @@ def prepare(row_index: int, kind, d: Path, tmp: Path) -> Path:
     workdir = tmp / f"row{row_index}"
     if kind == "trained":
         shutil.copytree(d / "trained", workdir)
+    elif kind == "emptied_checkpoint":
+        shutil.copytree(d / "trained", workdir)
+        for file in (workdir / "checkpoints").rglob("*"):
+            if file.is_file():
+                file.write_bytes(b"")
     elif kind == "empty_dir":
         workdir.mkdir()
     elif kind == "file":

@@ -27,6 +27,7 @@ tests/test_resume.py):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import sys
@@ -38,6 +39,19 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from transformer.parallel import processes
+
+
+class _MetadataNoise(logging.Filter):
+    """Orbax logs an unreadable _CHECKPOINT_METADATA file ("ERROR:absl:Failed to json parse
+    Metadata file: ...") each time it lists the steps, several lines of it, and then restores
+    the step anyway (that file only holds a timestamp) or raises what this module words as
+    its one warning or error line: noise on stderr in either case, not in the CLI's form."""
+
+    def filter(self, record):
+        return not str(record.msg).startswith("Failed to json parse Metadata file")
+
+
+logging.getLogger("absl").addFilter(_MetadataNoise())
 
 
 class CheckpointError(ValueError):
