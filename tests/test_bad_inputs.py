@@ -67,6 +67,10 @@ ROWS = [
     ("empty corpus", "train", ["--config.data.corpus={D}/empty.txt"], "empty", "fresh"),
     ("binary corpus", "train", ["--config.data.corpus={D}/binary.bin"], "no UTF-8 text",
      "fresh"),
+    # "holds no UTF-8 text" alone, for a text in Latin-1, did not say why or what to do
+    ("Latin-1 corpus", "train", ["--config.data.corpus={D}/latin1.txt"],
+     "(1 file skipped: a NUL byte or bytes that are not UTF-8 in the first 64 KB; convert",
+     "fresh"),
     ("corpus shorter than a sequence", "train", ["--config.data.corpus={D}/short.txt"],
      "too few", "fresh"),
     ("missing config file", "train", ["--config={D}/missing_config.py"], "config", "fresh"),
@@ -195,6 +199,7 @@ def files(tmp_path_factory):
     (d / "empty.txt").write_text("")
     (d / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (d / "short.txt").write_text("too short.\n")
+    (d / "latin1.txt").write_bytes("un café au lait.\n".encode("latin-1") * 50)
     (d / "broken_config.py").write_text("def get_config(:\n    return\n")
     (d / "a_file").write_text("not a folder\n")
     damaged_folders(d)

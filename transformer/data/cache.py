@@ -114,7 +114,12 @@ class TextCorpus:
                 unused = len(files) - index - 1 if isinstance(files, list) else None
                 break
         if not size:
-            what = "holds no UTF-8 text" if skipped else "is empty"
+            # A Latin-1 file with one accented letter is text, but not UTF-8: say why it is none.
+            n = skipped["skipped_files"]
+            why = (f" ({n} file{'s' if n > 1 else ''} skipped: a NUL byte or bytes that are not "
+                   "UTF-8 in the first 64 KB; convert text to UTF-8, e.g. iconv -f latin1 "
+                   "-t utf-8)") if n else ""
+            what = "holds no UTF-8 text" + why if skipped else "is empty"
             raise CorpusError(f"data.corpus={self.corpus!r}: {self.name} {what}")
         self.read = corpus_lib.Read(size, used, skipped["skipped_files"], unused, self.max_bytes,
                                     full, skipped["bad_records"])
