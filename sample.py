@@ -50,6 +50,9 @@ def main(argv):
         cli.fail(f"num_samples={_NUM_SAMPLES.value}: must be at least 1")
     if (_WORKDIR.value is None) == (_HF.value is None):
         cli.fail("give one of --workdir=RUN or --hf=FOLDER")
+    for flag, value in (("--workdir", _WORKDIR.value), ("--hf", _HF.value)):
+        if value is not None and not value.strip():  # it said ": no checkpoints folder"
+            cli.fail(f"{flag} is empty: give a trained run's folder")
     if _HF.value is not None and _STEP.value is not None:
         # A folder holds one set of weights: --step was ignored, its text that of the folder.
         cli.fail(f"--step={_STEP.value} picks a checkpoint of a --workdir run; --hf={_HF.value} "

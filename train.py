@@ -125,6 +125,9 @@ def main(argv):
     from transformer.generate import text as textgen
     from transformer.parallel import sharding
     from transformer.train import run, start
+    if _WORKDIR.value is not None and not _WORKDIR.value.strip():  # it trained in runs/<config>
+        cli.fail("--workdir is empty: give a folder (e.g. --workdir=runs/mine), or leave the "
+                 "flag out for runs/<the config's name>")
     workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     # A path that is not UTF-8 trained the whole run, then orbax could not name a file in it:
     # a traceback, and no checkpoint.

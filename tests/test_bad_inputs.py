@@ -114,6 +114,9 @@ ROWS = [
      "max_new_tokens", "trained"),
     ("sample: zero samples", "sample", ["--workdir={W}", "--num_samples=0"], "num_samples",
      "trained"),
+    # an empty --workdir trained in runs/<config> (train), or said ": no checkpoints folder"
+    ("train: empty workdir", "train", [], "--workdir is empty", "flag_empty"),
+    ("sample: empty workdir", "sample", ["--workdir="], "--workdir is empty", "fresh"),
     # 64 rows x 2**31 - 1 tokens: ~1.5 TiB of buffers in one call (XLA's out of memory was a
     # traceback, then an abort from decode_groups' threads); one streamed sample runs in chunks
     ("sample: buffers larger than the memory", "sample",
@@ -246,7 +249,8 @@ def command(row, workdir: Path, d: Path) -> list[str]:
     if script == "train":
         own_corpus = any(a.startswith("--config.data.corpus=") for a in args)
         corpus = [] if own_corpus else [f"--config.data.corpus={d}/good.txt"]
-        return ["train.py", *MODEL, *corpus, *args, f"--workdir={workdir}"]
+        where = "" if row[4] == "flag_empty" else workdir
+        return ["train.py", *MODEL, *corpus, *args, f"--workdir={where}"]
     return ["sample.py", *args]
 
 

@@ -281,6 +281,17 @@ def test_a_non_loopback_host_needs_an_api_key(tmp_path):
     assert "--api_key" in line
 
 
+def test_an_empty_model_name_is_refused(tmp_path):
+    """--name= served the model as "" (a model id no client can send on purpose)."""
+    from tests.conftest import run_cli
+
+    result = run_cli("-m", "transformer", "serve", f"--workdir={tmp_path}", "--name=",
+                     timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --name is empty"), line
+
+
 def test_a_port_in_use_is_one_line_before_the_model_loads(tmp_path):
     """It loaded and compiled the model, printed "serving on ...", then uvicorn's "ERROR:
     [Errno 98] ... address already in use" and exit 3: it never served. The empty workdir

@@ -87,6 +87,8 @@ def main(argv):
     if _MAX_QUEUE.value < 1 or _MAX_BODY.value < 1024:
         cli.fail(f"max_queue={_MAX_QUEUE.value}, max_body={_MAX_BODY.value}: need "
                  "max_queue >= 1 and max_body >= 1024")
+    if _NAME.value is not None and not _NAME.value.strip():  # clients would name model ""
+        cli.fail("--name is empty: give the model id clients send, or leave the flag out")
     if _WORKDIR.value is not None and not Path(_WORKDIR.value).is_dir():
         cli.fail(f"--workdir={_WORKDIR.value}: no such folder; train a run there first")
     sock = bind(_HOST.value, _PORT.value)
@@ -111,7 +113,8 @@ def main(argv):
     notes = ["chat template: " + ("the folder's" if template.jinja else "plain")]
     notes += ["API key required"] if _API_KEY.value else []
     port = sock.getsockname()[1]  # --port=0: the one the system chose
-    print(f"serving on http://{_HOST.value}:{port}/  (OpenAI API under /v1; "
+    host = f"[{_HOST.value}]" if ":" in _HOST.value else _HOST.value  # an IPv6 address
+    print(f"serving on http://{host}:{port}/  (OpenAI API under /v1; "
           f"{'; '.join(notes)})", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
