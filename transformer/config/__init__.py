@@ -15,6 +15,7 @@ from transformer.config.fields import (  # noqa: F401  (the room's public face)
     ATTENTION_KERNELS,
     DTYPES,
     GPT2_BLOCK,
+    INT32_MAX,
     MATMUL,
     MATMUL_MODES,
     MESH_AXES,

@@ -65,6 +65,11 @@ class Field:
         return self.name.rsplit(".", 1)[1]
 
 
+# The largest int32: what the device counts token ids, positions, steps and top_k in (and
+# a JAX key's seed); a larger value overflowed in numpy or JAX (a traceback).
+INT32_MAX = 2**31 - 1
+
+
 def _positive(v):
     return None if v > 0 else "must be a positive integer"
 
@@ -72,7 +77,7 @@ def _positive(v):
 def _int32_positive(v):
     """A length the device counts in int32 (positions, cache slots): past it (and past it in
     vocab_size), `sizes` stopped in JAX's OverflowError traceback."""
-    if v > 2**31 - 1:
+    if v > INT32_MAX:
         return "must be at most 2,147,483,647 (positions are int32 on the device)"
     return _positive(v)
 
@@ -156,7 +161,7 @@ _MODEL = [
     _f("model.vocab_size", 0, "vocabulary size; 0: the tokenizer's (byte: 257, the end-of-text "
        "token included)", FIXED,
        check=lambda v: ("must be at most 2,147,483,647 (token ids are int32 on the device)"
-                        if v > 2**31 - 1 else None if v >= 0 else
+                        if v > INT32_MAX else None if v >= 0 else
                         "must be > 0, or 0 to take it from the tokenizer")),
     _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
     _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),

@@ -203,7 +203,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-INT32_MAX = 2**31 - 1
+INT32_MAX = fields.INT32_MAX
 FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
 
 

@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from transformer.config import ModelConfig, check_sampling
+from transformer.config import INT32_MAX, ModelConfig, check_sampling
 from transformer.generate import sampling
 from transformer.model import flops, kernels, kvcache
 from transformer.model.gpt import GPT, unstack_layers
@@ -90,8 +90,7 @@ MIN_BUCKET = 16
 MIN_SEGMENT = 128
 
 
-MAX_SEED = 2**31 - 1  # seeds of sample.py and the server alike: a JAX key holds 32 bits
-INT32_MAX = 2**31 - 1
+MAX_SEED = INT32_MAX  # seeds of sample.py and the server alike: a JAX key holds 32 bits
 # What one call takes per row and token of its budget: the token (int32) and its key data
 # (2 x uint32), made before the loop, 12 bytes; the process's peak grew by 1.5-1.8x that
 # (1 row x 2**24 tokens, 8 rows x 2**22; 2-vCPU AMD EPYC Zen 5), so twice it is counted.
@@ -360,9 +359,8 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
                  stream_id if stream else None, budget)
 
     # The padding every row of the batch has (`common` columns, from its longest prompt up
-    # to the bucket P) moves to the
-    # right end, where decoding overwrites it before any query can see it: it takes no cache
-    # slot. Left in place it filled the cache early: a 67-token prompt (bucket 128) on a
+    # to the bucket P) moves to the right end, where decoding overwrites it before any query
+    # can see it: it takes no cache slot. Left in place it filled the cache early: a 67-token prompt (bucket 128) on a
     # 128-slot model re-prefilled after its first token, dropping prompt tokens the context
     # holds, so greedy text differed from transformers' on the same weights from token 1.
     prompt_BP, start_B = jnp.roll(prompt_BP, -common, axis=1), start_B - common

@@ -31,6 +31,7 @@ import secrets
 import time
 import uuid
 
+from transformer.config import INT32_MAX
 from transformer.generate.decode import MAX_SEED
 
 MAX_STOPS = 4
@@ -193,7 +194,7 @@ def _sampling(body, max_tokens_limit, max_tokens_field="max_tokens",
         temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0, low_open=True),
         # top_k past the vocabulary keeps every token; past int32 it cannot reach the device
-        top_k=_number(body, "top_k", 0, int, 0, 2**31 - 1),
+        top_k=_number(body, "top_k", 0, int, 0, INT32_MAX),
         seed=_number(body, "seed", 0, int, 0, MAX_SEED) if seed is not None
         else secrets.randbelow(MAX_SEED + 1),
         stop=_stops(body),
