@@ -3,6 +3,7 @@
     python -m transformer fields                                  every config field
     python -m transformer prepare stdlib --out=data/stdlib       tokenize once into shards
     python -m transformer sizes --config=configs/gpt3_175b.py     parameters, FLOPs, memory
+    python -m transformer compile --config=configs/tiny.py --target=v5e:2x2   for a TPU, here
     python -m transformer scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
     python -m transformer plot runs/tiny runs/default             loss curves of runs
     python -m transformer export --workdir=runs/tiny --out=hf/tiny
@@ -29,6 +30,8 @@ COMMANDS = {
     "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
     "cache": ("transformer.tools.cache", "the data cache of corpora named directly: list, clear"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),
+    "compile": ("transformer.tools.compile", "a config's programs compiled for a TPU/GPU "
+                "topology on this machine: fits, collectives, step time"),
     "scaling": ("transformer.scaling", "train a sweep, report and fit it"),
     "plot": ("transformer.scaling.plot", "loss curves of runs (PNG)"),
     "export": ("transformer.hf.export", "a run as a Hugging Face folder"),

@@ -77,16 +77,20 @@ def _mesh_fix(sizes: list[int], n_devices: int) -> str:
 def make_mesh(mesh_config, devices=None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: every device of every process).
 
-    Axes are `Auto`: XLA's partitioner propagates shardings between the ones we pin, which is
-    what Flax's logical constraints expect (jax.make_mesh would default to Explicit axes).
+    Devices are laid out as jax.make_mesh lays them out: by physical topology on TPUs and GPUs
+    (the inner axes, tensor above all, on the fastest links and inside a host), in list order
+    on CPUs. Axes are `Auto`: XLA's partitioner propagates shardings between the ones we pin,
+    which is what Flax's logical constraints expect (jax.make_mesh defaults to Explicit).
     """
-    if devices is None:
-        # jax.make_mesh orders devices so that the inner axes (tensor: the most traffic) stay
-        # inside a host and, on GPUs and TPUs, on the fastest links.
-        shape = mesh_shape(mesh_config, jax.device_count())
-        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape(mesh_config, len(devices))
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def platform(mesh) -> str:
+    """What the mesh's devices are (cpu, gpu, tpu): what a program built for it is built for,
+    whichever host builds it."""
+    return mesh.devices.flat[0].platform
 
 
 def axis_rules(config) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
@@ -109,10 +113,11 @@ def shards(mesh: Mesh, rules, logical: str) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def check_fits(config, mesh: Mesh, checkpoint=None) -> None:
+def check_fits(config, mesh: Mesh, checkpoint=None, processes: int | None = None) -> None:
     """Refuses, with the numbers, sizes that the mesh would have to cut unevenly.
     `checkpoint`: the workdir whose checkpoint fixes the model's sizes (a resume), so that
-    the fix offered is another mesh, never another size."""
+    the fix offered is another mesh, never another size. `processes`: the hosts of the
+    target the mesh is built for (default: this run's, jax.process_count())."""
     rules = axis_rules(config)
     for logical, field in _SIZED_AXES:
         section, key = field.split(".")
@@ -134,15 +139,19 @@ def check_fits(config, mesh: Mesh, checkpoint=None) -> None:
                        "or keep the vocabulary whole with --config.mesh.rules.vocab=")
             raise ConfigError(f"{what} is not divisible by {n} ({axes}, which split "
                               f"the '{logical}' axis): {fix}")
-    if config.train.batch_size % jax.process_count():
+    processes = jax.process_count() if processes is None else processes
+    if config.train.batch_size % processes:
         raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                          f"{jax.process_count()} processes: each must hold a whole share")
+                          f"{processes} processes: each must hold a whole share")
 
 
-def describe(mesh: Mesh) -> str:
+def describe(mesh: Mesh, processes: int | None = None) -> str:
+    """One line: the mesh's sizes, its devices and the processes (hosts) that drive them
+    (default: this run's)."""
+    processes = jax.process_count() if processes is None else processes
     sizes = " x ".join(f"{a} {mesh.shape[a]}" for a in MESH_AXES)
-    return (f"mesh: {sizes} over {mesh.size} {mesh.devices.flat[0].platform} devices"
-            f" in {jax.process_count()} process{'es' if jax.process_count() > 1 else ''}")
+    return (f"mesh: {sizes} over {mesh.size} {platform(mesh)} devices"
+            f" in {processes} process{'es' if processes > 1 else ''}")
 
 
 def constrained(fn, mesh: Mesh, rules):

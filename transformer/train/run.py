@@ -59,7 +59,10 @@ def train(config, workdir, log: Callable[[str], None] = print, progress: bool = 
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf,
     workdir.WorkdirError when another run holds the workdir."""
     began = time.perf_counter()  # this invocation's share of the run's wall_s
-    config, matmul = start_lib.resolve_config(config)  # this run's own copy, auto resolved
+    # This run's own copy, auto resolved for the mesh's devices (default: this host's, which
+    # the default mesh spans).
+    config, matmul = start_lib.resolve_config(
+        config, None if mesh is None else sharding.platform(mesh))
     main_process = jax.process_index() == 0
     if not main_process:
         log, progress = (lambda _: None), False

@@ -36,15 +36,24 @@ from transformer.train.trainer import Trainer, TrainState
 from transformer.train.workdir import WorkdirLock
 
 
-def resolve_config(config):
-    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete, and
+def resolve_config(config, platform: str | None = None):
+    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete for
+    `platform` (the mesh's devices; default this host's backend), and
     `train.muon_ns_dtype=auto` after it, the auto.Choice saying why); the caller's config is
     left as it is."""
-    config, choice = auto.resolve(config_lib.replace(config_lib.validate(config)))
+    config, choice = auto.resolve(config_lib.replace(config_lib.validate(config)), platform)
     if config.train.muon_ns_dtype == "auto":
         config = config_lib.replace(config, **{"train.muon_ns_dtype":
                                                kernels.compute_dtype(config.model)})
     return config, choice
+
+
+def check_attention_kernel(config, platform: str) -> None:
+    """cuDNN's fused attention exists only in a GPU program (`platform`: the mesh's devices,
+    which may be a GPU topology compiled on a CPU host)."""
+    if config.model.attention_kernel == "cudnn" and platform not in ("gpu", "cuda"):
+        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
+                          f"GPU, this run is on {platform}; use attention_kernel=jax")
 
 
 def resolve(config, tokenizer, mesh=None, saved=None):
@@ -54,9 +63,8 @@ def resolve(config, tokenizer, mesh=None, saved=None):
     mesh.tensor=2 needs no hand-padding); a resumed run keeps its checkpoint's (`saved`, the
     config it was saved with), whatever mesh it resumes on. Refuses what this machine cannot
     run."""
-    if config.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
-        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
-                          f"GPU, this run is on {jax.default_backend()}; use attention_kernel=jax")
+    check_attention_kernel(config, jax.default_backend() if mesh is None
+                           else sharding.platform(mesh))
     if config.model.vocab_size == 0:
         saved = (saved or {}).get("model", {})
         if saved.get("vocab_size", 0) >= tokenizer.vocab_size:

@@ -5,7 +5,8 @@
     loss   = mean over counted targets of -log softmax(logits)[target]   (float32)
     descended = loss + z · mean of logsumexp(logits)²              train.z_loss = z (0: off)
 
-Nothing here knows about devices: trainer.py compiles `train_step` for a mesh.
+Nothing here knows about devices: trainer.py compiles `train_step` for a mesh, and tells it
+the mesh's platform (a TPU program built on a CPU host is a TPU program).
 """
 
 from __future__ import annotations
@@ -100,7 +101,11 @@ def schedule_at(opt_state, step):
 
 
 def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batches: int = 1,
-               z_loss: float = 0.0):
+               z_loss: float = 0.0, platform: str | None = None):
+    """`platform`: what the program is built for (the mesh's devices: trainer.py binds it),
+    which decides how a non-finite step is skipped; None: the default backend, where a step
+    jitted without a mesh runs."""
+    platform = jax.default_backend() if platform is None else platform
     loss, grads = accumulated_grad(state.params, batch, model_config, micro_batches, z_loss)
     grad_norm = optax.tree.norm(grads)
     # A NaN/inf anywhere in the gradient makes its norm non-finite. Such an update is not
@@ -112,7 +117,7 @@ def train_step(state: TrainState, batch, *, model_config, optimizer, micro_batch
         updates, opt_state = optimizer.update(grads, schedule_at(opt_state, state.step), params)
         return optax.apply_updates(params, updates), opt_state
 
-    if jax.default_backend() == "cpu":
+    if platform == "cpu":
         # A branch, not a select: XLA-CPU computed each moment's update in two fusions that
         # both read the old moment, one writing it in place, so it copied every moment first
         # (~30 MB a step at the bench's shape; the step 0.93x without them, docs/performance.md).

@@ -52,13 +52,15 @@ class Trainer:
     eval_fn: Callable
 
     @classmethod
-    def build(cls, config, mesh=None) -> "Trainer":
-        """Compiles for `mesh` (default: the one config.mesh describes over every device).
+    def build(cls, config, mesh=None, processes: int | None = None) -> "Trainer":
+        """Compiles for `mesh` (default: the one config.mesh describes over every device), whose
+        devices decide what the programs become (a TPU topology's on a CPU host: tools/compile.py);
+        `processes`: the hosts that will run it (default: this run's).
         Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
         model_config = ModelConfig.from_config(config)
         optimizer = make_optimizer(config.train, config.model.d_model)
         mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-        sharding.check_fits(config, mesh)
+        sharding.check_fits(config, mesh, processes=processes)
         rules = sharding.axis_rules(config)
         param_sh = sharding.param_shardings(model_config, mesh, rules)
         abstract = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
@@ -70,11 +72,12 @@ class Trainer:
         step = sharding.constrained(functools.partial(train_step, model_config=model_config,
                                                       optimizer=optimizer,
                                                       micro_batches=config.train.grad_accum,
-                                                      z_loss=config.train.z_loss),
+                                                      z_loss=config.train.z_loss,
+                                                      platform=sharding.platform(mesh)),
                                     mesh, rules)
         # On CPU, the step's scratch in blocks glibc keeps between steps (scratch.py).
         options = scratch.compiler_options(
-            mesh.devices.flat[0].platform,
+            sharding.platform(mesh),
             scratch.largest_activation_bytes(model_config,
                                              config.train.batch_size // config.train.grad_accum))
         step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),

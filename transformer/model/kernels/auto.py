@@ -2,6 +2,7 @@
 
     choice = matmul_auto.choose()            # Choice(mode="fast_bf16", reason="...")
     config, choice = matmul_auto.resolve(config)   # a new config with a concrete mode
+    config, choice = matmul_auto.resolve(config, "tpu")   # for a TPU program: plain
 
 The run set-up (train.py via training.train, sample.py, the bench) resolves `auto` once, prints
 the choice and its reason, and saves the resolved mode with the run; an explicit
@@ -21,7 +22,9 @@ on an AVX512_BF16 CPU: the bf16 matmul ran as fast with the cap as without), and
 never see the older CPU the flag emulates; a probe also costs start-up time and, on a loaded
 2-core machine, times vary by 2x between back-to-back runs. The flag is honoured here: the CPU
 is treated as having at most the ISA it names, which is how the AVX2 branch is tested on a
-newer machine. On accelerators XLA's autodiff is already fast: `plain`.
+newer machine. On accelerators XLA's autodiff is already fast: `plain`. The platform is the
+target's (the mesh's devices), never assumed from the host: a TPU program compiled on a CPU
+(tools/compile.py) gets `plain`, as it would on the TPU.
 """
 
 from __future__ import annotations
@@ -87,25 +90,31 @@ def _read_cpuinfo() -> str:
         return ""
 
 
-@functools.cache
-def choose() -> Choice:
-    """What auto means on this machine (the default backend, this CPU, today's XLA_FLAGS)."""
-    import jax
+def choose(platform: str | None = None) -> Choice:
+    """What auto means for a program built for `platform` (cpu, gpu, tpu: the mesh's
+    devices); None: this host's default backend, with this CPU and today's XLA_FLAGS."""
+    if platform is None:
+        import jax
+        platform = jax.default_backend()
+    return _choose(platform)
 
-    backend = jax.default_backend()
-    if backend != "cpu":
-        return Choice("plain", f"{backend} backend: XLA's own backward is fast there")
+
+@functools.cache
+def _choose(platform: str) -> Choice:
+    if platform != "cpu":
+        return Choice("plain", f"{platform}: XLA's own backward is fast there")
     return decide_cpu(cpu_flags(_read_cpuinfo()), max_isa(os.environ.get("XLA_FLAGS")))
 
 
-def resolve(config):
-    """(a copy of config with model.matmul concrete, the Choice). An explicit mode wins."""
+def resolve(config, platform: str | None = None):
+    """(a copy of config with model.matmul concrete, the Choice), for a program built for
+    `platform` (default: this host's backend). An explicit mode wins."""
     from transformer import config as config_lib
 
     mode = config.model.matmul
     if mode != "auto":
         return config, Choice(mode, "set in the config")
-    choice = choose()
+    choice = choose(platform)
     return config_lib.replace(config, **{"model.matmul": choice.mode}), choice
 
 

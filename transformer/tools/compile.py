@@ -1,0 +1,391 @@
+"""Compile a run's real programs for a TPU or GPU you do not have, and read what they need.
+
+    python -m transformer compile --config=configs/tiny.py --target=v5e:2x2
+    python -m transformer compile --config=configs/gpt3_175b.py --target=v5p:8x8x16 \\
+        --config.mesh.data=1 --config.mesh.fsdp=128 --config.mesh.tensor=8 --json=175b.json
+    python -m transformer compile --config=configs/gpt2_small.py --target=v5e:2x2 --decode \\
+        --batch=8 --prompt_len=64 --max_new_tokens=128
+
+The train step is the run's own (train/trainer.py's Trainer over a mesh of the target's
+devices, parallel/target.py), lowered with ShapeDtypeStructs carrying the state's and batch's
+shardings and compiled by the target's compiler (libtpu, or the CUDA plugin): nothing is
+allocated. It prints the target; the mesh and how each parameter is laid out; per chip XLA's
+peak memory against HBM (fits, or short by how much) beside the project's own estimate
+(model/sizes.py's figures); per step the FLOPs of model/flops.py (XLA's cost_analysis counts a
+scanned layer once), every collective by kind with its count and bytes (read from the
+compiled HLO, loops counted by their trip counts); a roofline step time, the larger of
+compute at peak and collective bytes at the interconnect's bandwidth, and the MFU it implies,
+an upper bound; and the compile's seconds.
+
+Exit status: 0 fits; 1 does not fit (one line: by how much, what to try); 2 bad input
+(a malformed --target, a missing libtpu or CUDA plugin, a mesh that does not divide the chips).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+
+from absl import flags
+from ml_collections import config_flags
+
+from transformer import cli
+
+GiB = 2**30
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+# Bytes a chip sends per byte of the collective's result, on a ring of n (large n): an
+# all-reduce is a reduce-scatter then an all-gather, 2x; the others move their result once.
+TRAFFIC = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0,
+           "collective-permute": 1.0}
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+                "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
+
+
+@dataclasses.dataclass
+class Report:
+    """What one compiled program needs on its target (the --json keys, and the lines printed)."""
+    target: str
+    chips: int
+    mesh: dict
+    fits: bool
+    peak_bytes_per_chip: int
+    hbm_bytes_per_chip: float
+    estimate_bytes_per_chip: int
+    flops_per_step: float
+    collectives: dict
+    predicted_step_s: float
+    predicted_mfu: float
+    compile_s: float
+    memory: dict = dataclasses.field(default_factory=dict)
+    program: str = "train step"
+
+    def json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- reading the compiled HLO
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+_CALLS = re.compile(r"(body|condition|calls|to_apply|branch_computations|async_execution_thread"
+                    r")=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
+
+
+def _array_bytes(shape_text: str) -> list[int]:
+    sizes = []
+    for dtype, dims in _ARRAY.findall(shape_text):
+        if dtype in _DTYPE_BYTES:
+            sizes.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d))
+    return sizes
+
+
+def collectives(hlo: str) -> dict:
+    """{kind: {"count", "bytes"}} per chip per call: every collective of the compiled program,
+    its result's bytes (a reduce-scatter fused as libtpu fuses it: the bytes reduced), each
+    counted as often as it runs (a while loop's body by its known trip count: a scanned
+    layer's collectives once per layer)."""
+    ops, edges, entry, name = collections.defaultdict(list), collections.defaultdict(list), None, None
+    for line in hlo.splitlines():
+        if not line.startswith(" ") and line.rstrip().endswith("{"):
+            match = _COMPUTATION.match(line)
+            if match:
+                name = match.group(1)
+                if line.startswith("ENTRY"):
+                    entry = name
+            continue
+        if name is None:
+            continue
+        op = _OP.search(line)
+        if op:
+            shape, kind, start = op.groups()
+            sizes = _array_bytes(shape)
+            if start and kind != "all-reduce" and len(sizes) >= 2:
+                # async start: (operands..., results..., [context scalars]); the result half
+                sizes = [s for s in sizes if s > 4] or sizes
+                sizes = sizes[len(sizes) // 2:]
+            if kind == "all-reduce" and name.startswith("all-reduce-scatter"):
+                kind = "reduce-scatter"  # TPU's fused form: an all-reduce whose result is cut
+            ops[name].append((kind, sum(sizes)))
+        trip = _TRIP.search(line)
+        for role, callees in _CALLS.findall(line):
+            times = int(trip.group(1)) if (role == "body" and trip) else 1
+            for callee in re.split(r",\s*%?", callees):
+                edges[name].append((callee, times))
+    totals = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
+
+    def walk(comp, times, depth=0):
+        if depth > 50:
+            return
+        for kind, size in ops.get(comp, ()):
+            totals[kind]["count"] += times
+            totals[kind]["bytes"] += times * size
+        for callee, n in edges.get(comp, ()):
+            walk(callee, times * n, depth + 1)
+
+    walk(entry, 1)
+    return totals
+
+
+def has_conditional(hlo: str) -> bool:
+    """Whether the program branches on a value (lax.cond's `conditional`)."""
+    return re.search(r"\bconditional\(", hlo) is not None
+
+
+# ---------------------------------------------------------------- building the programs
+
+def resolved_config(config, target):
+    """The run's config as its start would resolve it on the target: validated, `auto` made
+    concrete for the target's platform, vocab_size=0 padded as a run pads it for the mesh."""
+    from transformer.config import replace
+    from transformer.config import padded_vocab
+    from transformer.model.sizes import model_config_of
+    from transformer.parallel import sharding
+    from transformer.train import start
+    config, _ = start.resolve_config(config, target.platform)
+    start.check_attention_kernel(config, target.platform)
+    if config.model.vocab_size == 0:
+        vocab = model_config_of(replace(config, **{"model.vocab_multiple": 1})).vocab_size
+        mesh = sharding.make_mesh(config.mesh, target.devices)
+        multiple = math.lcm(config.model.vocab_multiple,
+                            sharding.shards(mesh, sharding.axis_rules(config), "vocab"))
+        config = replace(config, **padded_vocab(vocab, multiple))
+    return config
+
+
+def layout(trainer) -> list[str]:
+    """How each parameter is laid out: one line per distinct (name, spec), layers merged."""
+    import jax
+    seen = {}
+    for path, sh in jax.tree_util.tree_flatten_with_path(trainer.state_sharding.params)[0]:
+        name = re.sub(r"block_\d+", "block_*", "/".join(str(getattr(k, "key", k)) for k in path))
+        seen.setdefault(name, str(tuple(sh.spec)))
+    return [f"  {name:<44} {spec}" for name, spec in seen.items()]
+
+
+def _shard_bytes(tree) -> list[tuple[str, int]]:
+    import jax
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        out.append((jax.tree_util.keystr(path), math.prod(shape) * x.dtype.itemsize))
+    return out
+
+
+def estimate(trainer, state) -> int:
+    """The project's own per-chip estimate: the state as sharded (params, optimizer), a
+    gradient as big as the params' shard, and model/flops.py's activation bytes for the rows
+    one chip holds (split further by the tensor axis)."""
+    from transformer.model import flops
+    c, t, mesh = trainer.model_config, trainer.config.train, trainer.mesh
+    state_bytes = sum(b for _, b in _shard_bytes(state))
+    grad_bytes = sum(b for _, b in _shard_bytes(state.params))
+    rows = max(1, t.batch_size // t.grad_accum // (mesh.shape["data"] * mesh.shape["fsdp"]))
+    return int(state_bytes + grad_bytes + flops.activation_bytes(c, rows) / mesh.shape["tensor"])
+
+
+def compile_train(config, target) -> tuple[Report, list[str]]:
+    """The train step of `config` compiled for `target`: (its report, lines to print)."""
+    import jax
+    import numpy as np
+    from transformer.model import flops
+    from transformer.parallel import sharding
+    from transformer.train.trainer import Trainer
+    mesh = sharding.make_mesh(config.mesh, target.devices)
+    trainer = Trainer.build(config, mesh, processes=target.hosts)
+    B, T = config.train.batch_size, config.model.max_seq_len
+    spec = {k: jax.ShapeDtypeStruct((B, T), dt, sharding=trainer.batch_sharding)
+            for k, dt in (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}
+    state = trainer.abstract_state()
+    began = time.perf_counter()
+    compiled, failure = _compile(trainer.step_fn.lower(state, spec))
+    seconds = time.perf_counter() - began
+    flops_per_step = flops.train_flops_per_token(trainer.model_config) * B * T
+    lines = [sharding.describe(mesh, target.hosts), "parameters (per-chip split):"]
+    lines += layout(trainer)
+    biggest = sorted(_shard_bytes(state), key=lambda kv: -kv[1])[:3]
+    report = _report(target, mesh, compiled, failure, seconds, flops_per_step,
+                     estimate(trainer, state), biggest)
+    return report, lines
+
+
+def compile_decode(config, target, batch: int, prompt_len: int, max_new_tokens: int):
+    """The decode program (prefill + the compiled loop, generate/decode.py) for `batch` rows
+    of `prompt_len` tokens and `max_new_tokens` more."""
+    import jax
+    import numpy as np
+    from transformer.config import ModelConfig
+    from transformer.generate import decode
+    from transformer.model import flops
+    from transformer.model.gpt import init_params
+    from transformer.parallel import sharding
+    mesh = sharding.make_mesh(config.mesh, target.devices)
+    c, rules = ModelConfig.from_config(config), sharding.axis_rules(config)
+    P = decode.prompt_bucket(prompt_len, c.max_seq_len)
+    budget = decode.token_budget(max_new_tokens, c.max_seq_len - P)
+    generate_fn, cache_fn, param_sh = decode.sharded_program(c, budget, mesh, rules, batch)
+    rep = sharding.replicated(mesh)
+    shapes = jax.eval_shape(lambda: init_params(c, jax.random.key(0)))
+    params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          shapes, param_sh)
+    cache = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                         cache_fn.eval_shape(), sharding.cache_shardings(
+                             c, mesh, sharding.decode_rules(rules, mesh, batch)))
+
+    def like(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+
+    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    args = (params, cache, like((batch, P), np.int32), like((batch,), np.int32),
+            like(key.shape, key.dtype), like((), np.float32), like((), np.int32),
+            like((), np.float32), like((), np.int32), like((), np.int32))
+    began = time.perf_counter()
+    compiled, failure = _compile(generate_fn.lower(*args))
+    seconds = time.perf_counter() - began
+    tokens = batch * (P + budget)
+    flops_per_call = flops.forward_flops_per_token(c) * tokens
+    est = sum(b for _, b in _shard_bytes(params)) + sum(b for _, b in _shard_bytes(cache))
+    biggest = sorted(_shard_bytes({"params": params, "cache": cache}), key=lambda kv: -kv[1])[:3]
+    report = _report(target, mesh, compiled, failure, seconds, flops_per_call, est, biggest)
+    report.program = f"decode ({batch} rows, prompt {P}, {budget} new tokens)"
+    return report, [sharding.describe(mesh, target.hosts)]
+
+
+def _compile(lowered):
+    """(compiled, None), or (None, the compiler's out-of-memory message)."""
+    try:
+        return lowered.compile(), None
+    except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory is a result
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return None, str(e)
+
+
+def _used_from(message: str) -> float | None:
+    """The bytes libtpu said a program needs ('Used 177.83G of 95.74G hbm')."""
+    match = re.search(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm", message)
+    if not match:
+        match = re.search(r"([\d.]+)([KMGT]) exceeds", message)
+    if not match:
+        return None
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    return float(match.group(1)) * scale[match.group(2)]
+
+
+def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, biggest) -> Report:
+    if compiled is not None:
+        memory = compiled.memory_analysis()
+        peak = int(memory.peak_memory_in_bytes)
+        found = collectives(compiled.as_text())
+        parts = {k: int(getattr(memory, f"{k}_size_in_bytes", 0) or 0)
+                 for k in ("argument", "output", "alias", "temp")}
+    else:
+        peak, found, parts = int(_used_from(failure) or 0), {}, {"compiler": failure[:300]}
+    parts["biggest"] = biggest
+    hbm = target.hbm_bytes or float("inf")
+    compute_s = flops_per_step / (target.chips * target.peak_flops) if target.peak_flops else 0.0
+    comm_s = (sum(TRAFFIC[k] * v["bytes"] for k, v in found.items()) / target.link_bytes_s
+              if target.link_bytes_s else 0.0)
+    step_s = max(compute_s, comm_s)
+    return Report(target.name, target.chips, dict(mesh.shape), compiled is not None and peak <= hbm,
+                  peak, hbm, est, flops_per_step, found, step_s,
+                  compute_s / step_s if step_s else 0.0, round(seconds, 2), parts)
+
+
+def text(report: Report, target, lines: list[str]) -> str:
+    from transformer.model.sizes import human
+    gib = lambda n: human(n, "B")  # noqa: E731
+    out = [target.describe(), *lines, f"{report.program}:"]
+    verdict = "fits" if report.fits else \
+        f"short by {gib(report.peak_bytes_per_chip - report.hbm_bytes_per_chip)}"
+    out.append(f"  memory per chip: XLA's peak {gib(report.peak_bytes_per_chip)} of "
+               f"{gib(report.hbm_bytes_per_chip)} HBM: {verdict} (the project's estimate, "
+               f"model/sizes.py's figures: {gib(report.estimate_bytes_per_chip)})")
+    m = report.memory
+    if "temp" in m:
+        out.append(f"    arguments {gib(m['argument'])}, temporaries {gib(m['temp'])}, outputs "
+                   f"{gib(m['output'])} (aliased to arguments {gib(m['alias'])})")
+    out.append("    biggest buffers: " + ", ".join(f"{name} {gib(b)}" for name, b in m["biggest"]))
+    out.append(f"  FLOPs per step (model/flops.py): {report.flops_per_step:.4g}")
+    for kind, v in report.collectives.items():
+        if v["count"]:
+            out.append(f"  {kind:<19} {v['count']:>6} per step, {gib(v['bytes'])} per chip "
+                       "(results)")
+    if not any(v["count"] for v in report.collectives.values()):
+        out.append("  collectives: none")
+    out.append(f"  roofline step time (upper bound on speed): {report.predicted_step_s * 1e3:.4g} "
+               f"ms, MFU at most {100 * report.predicted_mfu:.1f}%")
+    out.append(f"  compiled in {report.compile_s:.1f} s")
+    return "\n".join(out)
+
+
+def advice(report: Report, config) -> str:
+    short = (report.peak_bytes_per_chip - report.hbm_bytes_per_chip) / GiB
+    mesh = config.mesh
+    return (f"the {report.program} does not fit {report.target}: short by {short:.2f} GiB per "
+            f"chip (mesh data {report.mesh['data']} x fsdp {report.mesh['fsdp']} x tensor "
+            f"{report.mesh['tensor']}); try more --config.mesh.fsdp or --config.mesh.tensor, "
+            f"--config.train.grad_accum={2 * config.train.grad_accum}"
+            + (", --config.model.remat=block" if config.model.remat == "none" else "")
+            + (", or --search" if mesh.fsdp == 1 else ""))
+
+
+def main_flags():
+    config_flag = config_flags.DEFINE_config_file("config", None,
+                                                  "A config file (Python, get_config()).")
+    target_flag = flags.DEFINE_string("target", None, "v5e:2x2, v5p:8x8x16, v6e:16x16, h100:1x1x8")
+    decode_flag = flags.DEFINE_bool("decode", False, "Compile the decode program instead.")
+    batch_flag = flags.DEFINE_integer("batch", 8, "--decode: rows.")
+    prompt_flag = flags.DEFINE_integer("prompt_len", 64, "--decode: prompt tokens.")
+    new_flag = flags.DEFINE_integer("max_new_tokens", 64, "--decode: tokens to sample.")
+    json_flag = flags.DEFINE_string("json", None, "Also write the numbers as JSON to this path.")
+    search_flag = flags.DEFINE_bool("search", False, "Try meshes, remat and grad_accum; rank.")
+
+    def main(argv):
+        if len(argv) > 1:
+            cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
+        if flags.FLAGS["config"].value is None:
+            cli.fail("--config=PATH is required, e.g. --config=configs/tiny.py")
+        if not target_flag.value:
+            cli.fail("--target=NAME is required, e.g. --target=v5e:2x2")
+        for flag in (batch_flag, prompt_flag, new_flag):
+            if flag.value < 1:
+                cli.fail(f"--{flag.name}={flag.value}: must be a positive integer")
+        import jax
+        # Ahead of time: nothing runs here, and the CUDA plugin must not look for a device.
+        jax.config.update("jax_platforms", "cpu")
+        from transformer.config import validate
+        from transformer.parallel import target as target_lib
+        try:
+            target = target_lib.parse(target_flag.value)
+        except target_lib.TargetError as e:
+            cli.fail(str(e))
+        config = validate(cli.config_value(config_flag))
+        if search_flag.value:
+            from transformer.tools import compile_search
+            sys.exit(compile_search.search(config, target, sys.argv))
+        config = resolved_config(config, target)
+        if decode_flag.value:
+            report, lines = compile_decode(config, target, batch_flag.value, prompt_flag.value,
+                                           new_flag.value)
+        else:
+            report, lines = compile_train(config, target)
+        print(text(report, target, lines))
+        if json_flag.value:
+            with open(json_flag.value, "w") as f:
+                json.dump(report.json(), f, indent=1)
+        if not report.fits:
+            cli.fail(advice(report, config), status=1)
+
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    main_flags()
