@@ -116,6 +116,7 @@ def parse(name: str) -> Target:
     if shape.count("x") != 2:
         raise TargetError(f"--target={name}: a GPU topology is SLICESxHOSTSxGPUS, e.g. "
                           f"{chip}:1x1x8")
+    _need_cuda(chip, shape)  # before the config: the install line is what to do first
     return gpu(chip, shape, gpu_target_config(chip))
 
 
@@ -148,9 +149,7 @@ def gpu_target_config(chip: str) -> str:
 
 def gpu(chip: str, shape: str, target_config: str) -> Target:
     """A GPU topology from a target config's text: the seam for any GpuTargetConfigProto."""
-    if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
-        raise TargetError(f"compiling for GPU {chip}:{shape} needs the CUDA plugin: "
-                          f"{CUDA_INSTALL}")
+    _need_cuda(chip, shape)
     import jax
     from jax.experimental import topologies
     if jax.config.jax_platforms != "cpu" and os.environ.get("JAX_PLATFORMS") != "cpu":
@@ -165,6 +164,12 @@ def gpu(chip: str, shape: str, target_config: str) -> Target:
     facts = CHIPS[chip]
     return Target(f"{chip}:{shape}", "gpu", tuple(desc.devices), slices * hosts,
                   facts["hbm"], facts["peak"], facts["link"])
+
+
+def _need_cuda(chip: str, shape: str) -> None:
+    if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+        raise TargetError(f"compiling for GPU {chip}:{shape} needs the CUDA plugin: "
+                          f"{CUDA_INSTALL}")
 
 
 def _first_line(e: Exception) -> str:
