@@ -45,8 +45,9 @@ MODERN = dict(position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=F
               logit_softcap=5.0, tie_embeddings=False, n_kv_heads=2, vocab_used=61)
 
 
-def tiny_config(shape=(1, 1, 1), model=None, z_loss=0.0, optimizer="adamw"):
+def tiny_config(shape=(1, 1, 1), model=None, z_loss=0.0, optimizer="adamw", rules=None):
     c = base_config()
+    c.mesh.rules.update(**(rules or {}))
     c.train.optimizer = optimizer
     c.model.update(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
                    matmul="plain")  # float32 throughout: sharded must equal unsharded to 1e-5
@@ -158,6 +159,12 @@ def main(out_path):
             "param_diff": max_diff(state.params, muon_ref.params),
             "opt_diff": max_diff(state.opt_state, muon_ref.opt_state),
             "misplaced": split_as_ruled(trainer, state.params)}
+    # Sequence parallelism: activations' length axis split over tensor (mesh.rules.length),
+    # with the heads and MLP width still split over it where length has not claimed it.
+    _, state, losses, _ = run((1, 2, 4), devices, rules={"length": "tensor"})
+    report["sequence"] = {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+                          "param_diff": max_diff(state.params, ref_state.params),
+                          "opt_diff": max_diff(state.opt_state, ref_state.opt_state)}
     # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
     trainer, state = kept[(2, 2, 2)]
     report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one

@@ -159,7 +159,8 @@ def sharding_reports(tmp_path_factory):
 
 
 def test_sharded_meshes_match_one_device(sharding_reports):
-    """(8,1,1), (1,8,1), (2,2,2), (1,2,4) on 8 simulated devices: same losses, params and
+    """(8,1,1), (1,8,1), (2,2,2), (1,2,4) (and (1,2,4) with the length axis split over tensor:
+    sequence parallelism) on 8 simulated devices: same losses, params and
     greedy tokens as one device (with train.optimizer=muon too, on (1,8,1) and (1,2,4)); parameters split as the rules say; a (2,2,2) checkpoint
     restores exactly onto one device and onto (1,2,4); the decode program never moves the KV
     cache between devices (batches of 1, 4 and 8 rows)."""
@@ -182,6 +183,9 @@ def test_sharded_meshes_match_one_device(sharding_reports):
         assert muon[shape]["param_diff"] <= 1e-5 and muon[shape]["opt_diff"] <= 1e-5, shape
         assert muon[shape]["misplaced"] == [], shape
     assert report["decode_one_same"]
+    # mesh.rules.length=tensor (sequence parallelism) on (1, 2, 4): the one-device training.
+    seq = report["sequence"]
+    assert seq["loss_diff"] <= 1e-5 and seq["param_diff"] <= 1e-5 and seq["opt_diff"] <= 1e-5, seq
     # The KV cache lives where decoding reads and writes it: no step moves it between devices.
     assert len(report["cache_moves"]) == 6
     for case, moves in report["cache_moves"].items():

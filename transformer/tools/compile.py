@@ -64,6 +64,7 @@ class Report:
     compile_s: float
     memory: dict = dataclasses.field(default_factory=dict)
     program: str = "train step"
+    unit: str = "step"
     hlo: str = ""  # the compiled program's text (not written to --json)
 
     def json(self) -> dict:
@@ -183,13 +184,22 @@ def _shard_bytes(tree) -> list[tuple[str, int]]:
 def estimate(trainer, state) -> int:
     """The project's own per-chip estimate: the state as sharded (params, optimizer), a
     gradient as big as the params' shard, and model/flops.py's activation bytes for the rows
-    one chip holds (split further by the tensor axis)."""
-    from transformer.model import flops
+    one chip holds, split further only where the length axis is (mesh.rules.length): the
+    residual stream a block keeps is [batch, length, embed], whole across the tensor axis."""
+    from transformer.parallel import sharding
     c, t, mesh = trainer.model_config, trainer.config.train, trainer.mesh
     state_bytes = sum(b for _, b in _shard_bytes(state))
     grad_bytes = sum(b for _, b in _shard_bytes(state.params))
-    rows = max(1, t.batch_size // t.grad_accum // (mesh.shape["data"] * mesh.shape["fsdp"]))
-    return int(state_bytes + grad_bytes + flops.activation_bytes(c, rows) / mesh.shape["tensor"])
+    return int(state_bytes + grad_bytes + activations_per_chip(
+        c, t.batch_size, t.grad_accum, sharding.shards(mesh, trainer.rules, "batch"),
+        sharding.shards(mesh, trainer.rules, "length")))
+
+
+def activations_per_chip(c, batch: int, grad_accum: int, batch_shards: int,
+                         length_shards: int) -> float:
+    from transformer.model import flops
+    rows = max(1, batch // grad_accum // batch_shards)
+    return flops.activation_bytes(c, rows) / length_shards
 
 
 def compile_train(config, target) -> tuple[Report, list[str]]:
@@ -255,7 +265,9 @@ def compile_decode(config, target, batch: int, prompt_len: int, max_new_tokens: 
     est = sum(b for _, b in _shard_bytes(params)) + sum(b for _, b in _shard_bytes(cache))
     biggest = sorted(_shard_bytes({"params": params, "cache": cache}), key=lambda kv: -kv[1])[:3]
     report = _report(target, mesh, compiled, failure, seconds, flops_per_call, est, biggest)
-    report.program = f"decode ({batch} rows, prompt {P}, {budget} new tokens)"
+    report.program = (f"decode ({batch} rows, prompt {P}, {budget} new tokens; estimate: "
+                      "params and KV cache)")
+    report.unit = "call (a loop of unknown length counted once)"
     return report, [sharding.describe(mesh, target.hosts)]
 
 
@@ -315,11 +327,11 @@ def text(report: Report, target, lines: list[str]) -> str:
         out.append(f"    arguments {gib(m['argument'])}, temporaries {gib(m['temp'])}, outputs "
                    f"{gib(m['output'])} (aliased to arguments {gib(m['alias'])})")
     out.append("    biggest buffers: " + ", ".join(f"{name} {gib(b)}" for name, b in m["biggest"]))
-    out.append(f"  FLOPs per step (model/flops.py): {report.flops_per_step:.4g}")
+    out.append(f"  FLOPs per {report.unit} (model/flops.py): {report.flops_per_step:.4g}")
     for kind, v in report.collectives.items():
         if v["count"]:
-            out.append(f"  {kind:<19} {v['count']:>6} per step, {gib(v['bytes'])} per chip "
-                       "(results)")
+            out.append(f"  {kind:<19} {v['count']:>6} per {report.unit.split()[0]}, "
+                       f"{gib(v['bytes'])} per chip (results)")
     if not any(v["count"] for v in report.collectives.values()):
         out.append("  collectives: none")
     out.append(f"  roofline step time (upper bound on speed): {report.predicted_step_s * 1e3:.4g} "
@@ -349,6 +361,8 @@ def main_flags():
     new_flag = flags.DEFINE_integer("max_new_tokens", 64, "--decode: tokens to sample.")
     json_flag = flags.DEFINE_string("json", None, "Also write the numbers as JSON to this path.")
     search_flag = flags.DEFINE_bool("search", False, "Try meshes, remat and grad_accum; rank.")
+    compiles_flag = flags.DEFINE_integer("search_compiles", 4, "--search: at most this many "
+                                         "compiles (the estimate prunes the rest first).")
 
     def main(argv):
         if len(argv) > 1:
@@ -372,7 +386,7 @@ def main_flags():
         config = validate(cli.config_value(config_flag))
         if search_flag.value:
             from transformer.tools import compile_search
-            sys.exit(compile_search.search(config, target, sys.argv))
+            sys.exit(compile_search.search(config, target, sys.argv, compiles_flag.value))
         config = resolved_config(config, target)
         if decode_flag.value:
             report, lines = compile_decode(config, target, batch_flag.value, prompt_flag.value,
