@@ -124,3 +124,13 @@ def test_a_missing_plugin_names_the_install_line(monkeypatch):
         target_lib.parse("v5p:2x2x1")
     with pytest.raises(target_lib.TargetError, match=r'pip install -e "\.\[cuda12\]".*JAX_PLATFORMS=cpu'):
         target_lib.parse("h100:1x1x8")
+
+
+def test_search_says_none_fits_a_target_too_small_without_compiling():
+    """GPT-3 175B on four v5e chips: the project's estimate rules out every mesh (the state
+    alone is ~2.8 TB), so nothing is compiled and the answer is one line, exit 1."""
+    r = run_cli("-m", "transformer", "compile", "--config=configs/gpt3_175b.py",
+                "--target=v5e:2x2", "--search")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "compiled 0 of" in r.stdout
+    assert r.stderr.startswith("error: none of the") and r.stderr.count("\n") == 1

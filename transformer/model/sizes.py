@@ -69,6 +69,16 @@ def report(c: ModelConfig, batch: int = 1, kv_dtype: str | None = None, check: b
     }
 
 
+def activations_per_chip(c: ModelConfig, batch: int, grad_accum: int, batch_shards: int,
+                         length_shards: int) -> float:
+    """flops.activation_bytes for the rows one chip holds of one micro-batch, split further
+    only by the pieces the length axis is cut into (sequence parallelism): the residual
+    stream a block keeps is [batch, length, embed], whole across the tensor axis otherwise.
+    The per-chip estimate `python -m transformer compile` puts beside XLA's peak."""
+    rows = max(1, batch // grad_accum // batch_shards)
+    return flops.activation_bytes(c, rows) / length_shards
+
+
 def human(n: float, unit: str = "") -> str:
     """1234567 -> '1.23M'; bytes with unit='B' use powers of 1024 ('1.5 GiB')."""
     if unit == "B":

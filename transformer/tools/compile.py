@@ -186,20 +186,14 @@ def estimate(trainer, state) -> int:
     gradient as big as the params' shard, and model/flops.py's activation bytes for the rows
     one chip holds, split further only where the length axis is (mesh.rules.length): the
     residual stream a block keeps is [batch, length, embed], whole across the tensor axis."""
+    from transformer.model import sizes
     from transformer.parallel import sharding
     c, t, mesh = trainer.model_config, trainer.config.train, trainer.mesh
     state_bytes = sum(b for _, b in _shard_bytes(state))
     grad_bytes = sum(b for _, b in _shard_bytes(state.params))
-    return int(state_bytes + grad_bytes + activations_per_chip(
+    return int(state_bytes + grad_bytes + sizes.activations_per_chip(
         c, t.batch_size, t.grad_accum, sharding.shards(mesh, trainer.rules, "batch"),
         sharding.shards(mesh, trainer.rules, "length")))
-
-
-def activations_per_chip(c, batch: int, grad_accum: int, batch_shards: int,
-                         length_shards: int) -> float:
-    from transformer.model import flops
-    rows = max(1, batch // grad_accum // batch_shards)
-    return flops.activation_bytes(c, rows) / length_shards
 
 
 def compile_train(config, target) -> tuple[Report, list[str]]:
@@ -386,7 +380,10 @@ def main_flags():
         config = validate(cli.config_value(config_flag))
         if search_flag.value:
             from transformer.tools import compile_search
-            sys.exit(compile_search.search(config, target, sys.argv, compiles_flag.value))
+
+            def build(candidate_config):
+                return compile_train(resolved_config(candidate_config, target), target)[0]
+            sys.exit(compile_search.search(config, target, sys.argv, build, compiles_flag.value))
         config = resolved_config(config, target)
         if decode_flag.value:
             report, lines = compile_decode(config, target, batch_flag.value, prompt_flag.value,

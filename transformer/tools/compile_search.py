@@ -71,7 +71,7 @@ def candidates(config, target) -> list[Candidate]:
     from transformer.config import ConfigError, ModelConfig
     from transformer.model import flops
     from transformer.parallel import sharding
-    from transformer.tools.compile import activations_per_chip
+    from transformer.model.sizes import activations_per_chip
     n, out = target.chips, []
     B, T = config.train.batch_size, config.model.max_seq_len
     divisors = [d for d in range(1, n + 1) if n % d == 0]
@@ -133,9 +133,9 @@ def _guess(c, B, T, cand: Candidate, param_bytes: float, target) -> float:
     return max(compute, moved / target.link_bytes_s), compute
 
 
-def search(config, target, argv, compiles: int = 4, minutes: float = 20.0) -> int:
-    """Prints the ranked table and the command to use; 0 when a candidate fits, else 1."""
-    from transformer.tools import compile as compile_tool
+def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0) -> int:
+    """Prints the ranked table and the command to use; 0 when a candidate fits, else 1.
+    `build(config)`: the compiled train step's report (tools/compile.py)."""
     every = candidates(config, target)
     hbm = target.hbm_bytes
     plausible = sorted((c for c in every if c.estimate <= hbm * ESTIMATE_SLACK),
@@ -149,8 +149,7 @@ def search(config, target, argv, compiles: int = 4, minutes: float = 20.0) -> in
         if time.perf_counter() - began > minutes * 60:
             print(f"  stopped: {minutes:g} minutes of compiling spent")
             break
-        resolved = compile_tool.resolved_config(cand.apply(config), target)
-        report, _ = compile_tool.compile_train(resolved, target)
+        report = build(cand.apply(config))
         rows.append((cand, report))
         print(f"  compiled {cand.label():<16} remat {cand.remat:<5} accum {cand.grad_accum}: "
               f"peak {report.peak_bytes_per_chip / 2**30:.1f} GiB, "
