@@ -89,6 +89,21 @@ def _array_bytes(shape_text: str) -> list[int]:
     return sizes
 
 
+def _group_size(line: str) -> int:
+    """Devices in each replica group of a collective's HLO line (1 if unreadable)."""
+    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+    if iota:
+        return int(iota.group(1))
+    listed = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+    if listed:
+        return len(listed.group(1).split(","))
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if named:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", named.group(1)))
+        return math.prod(int(sizes.get(a, 1)) for a in re.findall(r"'(\w+)'", named.group(2)))
+    return 1
+
+
 def collectives(hlo: str) -> dict:
     """{kind: {"count", "bytes"}} per chip per call: every collective of the compiled program,
     its result's bytes (a reduce-scatter fused as libtpu fuses it: the bytes reduced), each
@@ -115,6 +130,8 @@ def collectives(hlo: str) -> dict:
                 sizes = sizes[len(sizes) // 2:]
             if kind == "all-reduce" and name.startswith("all-reduce-scatter"):
                 kind = "reduce-scatter"  # TPU's fused form: an all-reduce whose result is cut
+            elif kind == "reduce-scatter":  # the bytes reduced: the result times the group
+                sizes = [s * _group_size(line) for s in sizes]
             ops[name].append((kind, sum(sizes)))
         trip = _TRIP.search(line)
         for role, callees in _CALLS.findall(line):
