@@ -75,8 +75,8 @@ class Report:
 
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
-_CALLS = re.compile(r"(body|condition|calls|to_apply|branch_computations|async_execution_thread"
-                    r")=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
+_CALLS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)="
+                    r"(\{[^}]*\}|%?[\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 
@@ -106,38 +106,31 @@ def _group_size(line: str) -> int:
 
 def collectives(hlo: str) -> dict:
     """{kind: {"count", "bytes"}} per chip per call: every collective of the compiled program,
-    its result's bytes (a reduce-scatter fused as libtpu fuses it: the bytes reduced), each
-    counted as often as it runs (a while loop's body by its known trip count: a scanned
-    layer's collectives once per layer)."""
-    ops, edges, entry, name = collections.defaultdict(list), collections.defaultdict(list), None, None
+    its result's bytes (a reduce-scatter: the bytes it reduces), each counted as often as it
+    runs: a while loop's body by its trip count (XLA's known_trip_count, or the constant its
+    condition compares the counter with: a scanned layer's collectives once per layer); a
+    loop of unknown length (decoding's) once."""
+    bodies, entry, name = collections.defaultdict(list), None, None
     for line in hlo.splitlines():
         if not line.startswith(" ") and line.rstrip().endswith("{"):
             match = _COMPUTATION.match(line)
             if match:
                 name = match.group(1)
-                if line.startswith("ENTRY"):
-                    entry = name
+                entry = name if line.startswith("ENTRY") else entry
             continue
-        if name is None:
-            continue
-        op = _OP.search(line)
-        if op:
-            shape, kind, start = op.groups()
-            sizes = _array_bytes(shape)
-            if start and kind != "all-reduce" and len(sizes) >= 2:
-                # async start: (operands..., results..., [context scalars]); the result half
-                sizes = [s for s in sizes if s > 4] or sizes
-                sizes = sizes[len(sizes) // 2:]
-            if kind == "all-reduce" and name.startswith("all-reduce-scatter"):
-                kind = "reduce-scatter"  # TPU's fused form: an all-reduce whose result is cut
-            elif kind == "reduce-scatter":  # the bytes reduced: the result times the group
-                sizes = [s * _group_size(line) for s in sizes]
-            ops[name].append((kind, sum(sizes)))
-        trip = _TRIP.search(line)
-        for role, callees in _CALLS.findall(line):
-            times = int(trip.group(1)) if (role == "body" and trip) else 1
-            for callee in re.split(r",\s*%?", callees):
-                edges[name].append((callee, times))
+        if name is not None:
+            bodies[name].append(line)
+    ops, edges = collections.defaultdict(list), collections.defaultdict(list)
+    for name, lines in bodies.items():
+        for line in lines:
+            op = _OP.search(line)
+            if op:
+                ops[name].append(_collective(name, line, *op.groups()))
+            calls = {role: callees.strip("{}%") for role, callees in _CALLS.findall(line)}
+            trip = _trip_count(line, bodies.get(calls.get("condition", ""), ()))
+            for role, callees in calls.items():
+                for callee in re.split(r",\s*%?", callees):
+                    edges[name].append((callee, trip if role == "body" else 1))
     totals = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
 
     def walk(comp, times, depth=0):
@@ -151,6 +144,33 @@ def collectives(hlo: str) -> dict:
 
     walk(entry, 1)
     return totals
+
+
+def _collective(computation: str, line: str, shape: str, kind: str, start) -> tuple[str, int]:
+    sizes = _array_bytes(shape)
+    if start and kind != "all-reduce" and len(sizes) >= 2:
+        # async start: (operands..., results..., [context scalars]); the result half
+        sizes = [s for s in sizes if s > 4] or sizes
+        sizes = sizes[len(sizes) // 2:]
+    if kind == "all-reduce" and computation.startswith("all-reduce-scatter"):
+        kind = "reduce-scatter"  # TPU's fused form: an all-reduce whose result is cut
+    elif kind == "reduce-scatter":  # the bytes reduced: the result times the group
+        sizes = [s * _group_size(line) for s in sizes]
+    return kind, sum(sizes)
+
+
+def _trip_count(line: str, condition: list[str]) -> int:
+    """A while loop's trip count: XLA's known_trip_count, else the s32 constant its condition
+    compares the counter against (a scan counts 0 .. n-1), else 1."""
+    known = _TRIP.search(line)
+    if known:
+        return int(known.group(1))
+    consts = dict(re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", "\n".join(condition)))
+    for cond_line in condition:
+        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", cond_line)
+        if compare and compare.group(2) in consts:
+            return int(consts[compare.group(2)])
+    return 1
 
 
 def has_conditional(hlo: str) -> bool:
