@@ -10,7 +10,8 @@ a target and run fastest, chosen by compiling the few that might.
 2. Pruned without compiling: the project's own per-chip estimate (the state as the rules
    split it, a gradient, model/flops.py's activations: tools/compile.py's `estimate`) must be
    within ESTIMATE_SLACK of the chip's HBM; the survivors are ranked by a cheap roofline
-   (compute at peak, x4/3 for a recomputed forward, against the bytes each axis moves).
+   (compute at peak, x4/3 for a recomputed forward, against the bytes each axis moves),
+   those the estimate says fit outright first.
 3. The first --search_compiles of them are compiled for the target; the table ranks those
    that fit by their roofline step time (the collectives XLA actually emitted).
 """
@@ -139,7 +140,8 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
     every = candidates(config, target)
     hbm = target.hbm_bytes
     plausible = sorted((c for c in every if c.estimate <= hbm * ESTIMATE_SLACK),
-                       key=lambda c: (c.guess_s, c.compute_s, c.grad_accum, c.estimate))
+                       key=lambda c: (c.estimate > hbm, c.guess_s, c.compute_s, c.grad_accum,
+                                      c.estimate))
     print(target.describe())
     print(f"search: {len(every)} candidates the mesh can split; {len(plausible)} within "
           f"{ESTIMATE_SLACK}x of {hbm / 2**30:.1f} GiB by the project's estimate; compiling "
