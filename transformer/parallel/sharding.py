@@ -84,7 +84,12 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
     """
     devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape(mesh_config, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    except NotImplementedError:  # an axis that is no product of whole torus axes (32 on 8x8x16)
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def platform(mesh) -> str:

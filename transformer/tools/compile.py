@@ -313,21 +313,22 @@ def _compile(lowered):
 
 
 def _used_from(message: str) -> float | None:
-    """The bytes libtpu said a program needs ('Used 177.83G of 95.74G hbm')."""
-    match = re.search(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm", message)
-    if not match:
-        match = re.search(r"([\d.]+)([KMGT]) exceeds", message)
-    if not match:
-        return None
+    """The bytes libtpu said a program needs: 'the total memory required for HLO temporaries
+    (97.05G) exceeds available HBM (95.74G)', or 'Used 177.83G of 95.74G hbm'."""
     scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    return float(match.group(1)) * scale[match.group(2)]
+    for pattern in (r"\(([\d.]+)([KMGT])\) exceeds available", r"Used ([\d.]+)([KMGT]) of",
+                    r"([\d.]+)([KMGT]) exceeds"):
+        match = re.search(pattern, message)
+        if match:
+            return float(match.group(1)) * scale[match.group(2)]
+    return None
 
 
 def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, biggest) -> Report:
     if compiled is not None:
         memory = compiled.memory_analysis()
         peak = int(memory.peak_memory_in_bytes)
-        found = collectives(compiled.as_text())  # noqa: F841 (text kept below)
+        found = collectives(compiled.as_text())
         parts = {k: int(getattr(memory, f"{k}_size_in_bytes", 0) or 0)
                  for k in ("argument", "output", "alias", "temp")}
     else:
@@ -374,8 +375,9 @@ def text(report: Report, target, lines: list[str]) -> str:
 def advice(report: Report, config) -> str:
     short = (report.peak_bytes_per_chip - report.hbm_bytes_per_chip) / GiB
     mesh = config.mesh
-    return (f"the {report.program} does not fit {report.target}: short by {short:.2f} GiB per "
-            f"chip (mesh data {report.mesh['data']} x fsdp {report.mesh['fsdp']} x tensor "
+    by = f"short by {short:.2f} GiB per chip" if short > 0 else \
+        f"the compiler refused it ({report.memory.get('compiler', '')[:120]})"
+    return (f"the {report.program} does not fit {report.target}: {by} (mesh data {report.mesh['data']} x fsdp {report.mesh['fsdp']} x tensor "
             f"{report.mesh['tensor']}); try more --config.mesh.fsdp or --config.mesh.tensor, "
             f"--config.train.grad_accum={2 * config.train.grad_accum}"
             + (", --config.model.remat=block" if config.model.remat == "none" else "")

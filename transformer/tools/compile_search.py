@@ -12,12 +12,14 @@ a target and run fastest, chosen by compiling the few that might.
    within ESTIMATE_SLACK of the chip's HBM; the survivors are ranked by a cheap roofline
    (compute at peak, x4/3 for a recomputed forward, against the bytes each axis moves),
    those the estimate says fit outright first.
-3. The first --search_compiles of them are compiled for the target; the table ranks those
-   that fit by their roofline step time (the collectives XLA actually emitted).
+3. They are compiled for the target in that order until --search_compiles of them fit (libtpu
+   refuses one that does not within seconds; at most three times as many tried, 20 minutes);
+   the table ranks those that fit by their roofline step time (the collectives XLA emitted).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -139,20 +141,32 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
     `build(config)`: the compiled train step's report (tools/compile.py)."""
     every = candidates(config, target)
     hbm = target.hbm_bytes
-    plausible = sorted((c for c in every if c.estimate <= hbm * ESTIMATE_SLACK),
-                       key=lambda c: (c.estimate > hbm, c.guess_s, c.compute_s, c.grad_accum,
-                                      c.estimate))
+    plausible = [c for c in every if c.estimate <= hbm * ESTIMATE_SLACK]
     print(target.describe())
     print(f"search: {len(every)} candidates the mesh can split; {len(plausible)} within "
           f"{ESTIMATE_SLACK}x of {hbm / 2**30:.1f} GiB by the project's estimate; compiling "
-          f"up to {compiles}")
-    began, rows = time.perf_counter(), []
-    for cand in plausible[:compiles]:
+          f"until {compiles} fit")
+    # XLA's peak over the estimate, per remat policy, learnt from each compile: a policy whose
+    # estimate proved low has its other candidates' estimates scaled up before the next pick.
+    factor = collections.defaultdict(lambda: 1.0)
+
+    def order(c):
+        return (c.estimate * factor[c.remat] > hbm, c.guess_s, c.compute_s, c.grad_accum,
+                c.estimate)
+
+    began, rows, left = time.perf_counter(), [], list(plausible)
+    while left and len(rows) < 3 * compiles and sum(r.fits for _, r in rows) < compiles:
+        # libtpu refuses a program that does not fit within seconds; one that fits takes
+        # minutes: go on until `compiles` fit (or three times as many were tried)
         if time.perf_counter() - began > minutes * 60:
             print(f"  stopped: {minutes:g} minutes of compiling spent")
             break
+        cand = min(left, key=order)
+        left.remove(cand)
         report = build(cand.apply(config))
         rows.append((cand, report))
+        if report.peak_bytes_per_chip:
+            factor[cand.remat] = max(factor[cand.remat], report.peak_bytes_per_chip / cand.estimate)
         print(f"  compiled {cand.label():<16} remat {cand.remat:<5} accum {cand.grad_accum}: "
               f"peak {report.peak_bytes_per_chip / 2**30:.1f} GiB, "
               f"{'fits' if report.fits else 'does not fit'}, {report.compile_s:.0f} s", flush=True)
@@ -162,8 +176,8 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
     for cand, r in ranked:
         print(f"{cand.label():<18}{cand.remat:<7}{cand.grad_accum:>6}"
               f"{cand.estimate / 2**30:>9.1f}G{r.peak_bytes_per_chip / 2**30:>10.1f}G"
-              f"{'yes' if r.fits else 'no':>6}{r.predicted_step_s:>10.3g}"
-              f"{100 * r.predicted_mfu:>6.1f}%{r.compile_s:>8.0f}s")
+              + (f"{'yes':>6}{r.predicted_step_s:>10.3g}{100 * r.predicted_mfu:>6.1f}%" if r.fits
+                 else f"{'no':>6}{'-':>10}{'-':>7}") + f"{r.compile_s:>8.0f}s")
     print(f"compiled {len(rows)} of {len(every)} candidates ({len(every) - len(plausible)} "
           f"pruned by the estimate)")
     if ranked and ranked[0][1].fits:
