@@ -135,3 +135,19 @@ def test_remat_dots_keeps_the_projection_outputs_jax_saves(mlp, kv_heads):
         res = saved_residuals(lambda p, c=c: GPT(c).apply({"params": p}, tokens).sum(), params)
         saved[remat] = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
     assert saved["dots"] - saved["block"] == extra["dots"] - extra["block"]
+
+
+def test_remat_recompute_flops_are_what_the_policy_repeats():
+    """block: every block's forward again (not the head); dots: attention's score matmuls
+    only; none: nothing. MFU leaves these out; compile's roofline spends them."""
+    import dataclasses
+
+    from transformer.config import ModelConfig
+    from transformer.model import flops
+    c = ModelConfig(vocab_size=512, d_model=64, n_layers=3, n_heads=4, d_ff=256, max_seq_len=32)
+    assert flops.recompute_flops_per_token(dataclasses.replace(c, remat="none")) == 0
+    dots = dataclasses.replace(c, remat="dots")
+    assert flops.recompute_flops_per_token(dots) == flops.attention_flops_per_token(dots)
+    block = dataclasses.replace(c, remat="block")
+    assert flops.recompute_flops_per_token(block) == pytest.approx(
+        flops.forward_flops_per_token(block) - 2 * 512 * 64)

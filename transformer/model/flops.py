@@ -102,6 +102,18 @@ def train_flops_per_token(c, context: int | None = None) -> float:
     return 3 * forward_flops_per_token(c, context)
 
 
+def recompute_flops_per_token(c, context: int | None = None) -> float:
+    """FLOPs the backward pass repeats under model.remat (not model FLOPs: MFU leaves them out,
+    the chip still spends them): 'block' runs each block's forward again; 'dots' keeps the
+    matmuls without batch dimensions and recomputes attention's two score matmuls; 'none'
+    nothing."""
+    if c.remat == "block":
+        return forward_flops_per_token(c, context) - 2 * c.vocab_size * c.d_model
+    if c.remat == "dots":
+        return attention_flops_per_token(c, context)
+    return 0.0
+
+
 def kv_cache_bytes_per_token(c, dtype: str | None = None) -> int:
     """K and V of every layer for one position."""
     return 2 * c.n_layers * n_kv_heads(c) * c.head_dim * BYTES[dtype or c.dtype]

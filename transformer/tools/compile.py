@@ -250,11 +250,12 @@ def compile_train(config, target) -> tuple[Report, list[str]]:
     compiled, failure = _compile(trainer.step_fn.lower(state, spec))
     seconds = time.perf_counter() - began
     flops_per_step = flops.train_flops_per_token(trainer.model_config) * B * T
+    recomputed = flops.recompute_flops_per_token(trainer.model_config) * B * T
     lines = [sharding.describe(mesh, target.hosts), "parameters (per-chip split):"]
     lines += layout(trainer)
     biggest = sorted(_shard_bytes(state), key=lambda kv: -kv[1])[:3]
     report = _report(target, mesh, compiled, failure, seconds, flops_per_step,
-                     estimate(trainer, state), biggest)
+                     estimate(trainer, state), biggest, recomputed)
     return report, lines
 
 
@@ -324,7 +325,9 @@ def _used_from(message: str) -> float | None:
     return None
 
 
-def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, biggest) -> Report:
+def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, biggest,
+            recomputed: float = 0.0) -> Report:
+    """`recomputed`: FLOPs remat repeats, which the chip spends and MFU does not count."""
     if compiled is not None:
         memory = compiled.memory_analysis()
         peak = int(memory.peak_memory_in_bytes)
@@ -335,13 +338,14 @@ def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, bigge
         peak, found, parts = int(_used_from(failure) or 0), {}, {"compiler": failure[:300]}
     parts["biggest"] = biggest
     hbm = target.hbm_bytes or float("inf")
-    compute_s = flops_per_step / (target.chips * target.peak_flops) if target.peak_flops else 0.0
+    compute_s = ((flops_per_step + recomputed) / (target.chips * target.peak_flops)
+                 if target.peak_flops else 0.0)
     comm_s = (sum(TRAFFIC[k] * v["bytes"] for k, v in found.items()) / target.link_bytes_s
               if target.link_bytes_s else 0.0)
     step_s = max(compute_s, comm_s)
+    mfu = flops_per_step / (target.chips * target.peak_flops * step_s) if step_s else 0.0
     return Report(target.name, target.chips, dict(mesh.shape), compiled is not None and peak <= hbm,
-                  peak, hbm, est, flops_per_step, found, step_s,
-                  compute_s / step_s if step_s else 0.0, round(seconds, 2), parts,
+                  peak, hbm, est, flops_per_step, found, step_s, mfu, round(seconds, 2), parts,
                   hlo=compiled.as_text() if compiled is not None else "")
 
 
@@ -366,8 +370,10 @@ def text(report: Report, target, lines: list[str]) -> str:
                        f"{gib(v['bytes'])} per chip (results)")
     if not any(v["count"] for v in report.collectives.values()):
         out.append("  collectives: none")
-    out.append(f"  roofline step time (upper bound on speed): {report.predicted_step_s * 1e3:.4g} "
-               f"ms, MFU at most {100 * report.predicted_mfu:.1f}%")
+    out.append(f"  roofline step time (upper bound on speed: compute at peak with remat's "
+               f"recompute, or the collectives at the links' bandwidth, the larger): "
+               f"{report.predicted_step_s * 1e3:.4g} ms, MFU at most "
+               f"{100 * report.predicted_mfu:.1f}%")
     out.append(f"  compiled in {report.compile_s:.1f} s")
     return "\n".join(out)
 

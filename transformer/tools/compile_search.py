@@ -10,7 +10,7 @@ a target and run fastest, chosen by compiling the few that might.
 2. Pruned without compiling: the project's own per-chip estimate (the state as the rules
    split it, a gradient, model/flops.py's activations: tools/compile.py's `estimate`) must be
    within ESTIMATE_SLACK of the chip's HBM; the survivors are ranked by a cheap roofline
-   (compute at peak, x4/3 for a recomputed forward, against the bytes each axis moves),
+   (compute at peak with remat's recompute, model/flops.py, against the bytes each axis moves),
    those the estimate says fit outright first.
 3. They are compiled for the target in that order until --search_compiles of them fit (libtpu
    refuses one that does not within seconds; at most three times as many tried, 20 minutes);
@@ -29,7 +29,6 @@ import time
 # The estimate against XLA's peak: 1.2-1.8x low for the tiny config on v5e:2x2 (tests/
 # test_compile.py), so a candidate is kept while its estimate is below HBM x this.
 ESTIMATE_SLACK = 1.5
-REMAT_COST = {"none": 1.0, "dots": 1.15, "block": 4 / 3}  # forward recomputed: 3 -> 4 passes
 
 
 @dataclasses.dataclass
@@ -122,7 +121,7 @@ def _guess(c, B, T, cand: Candidate, param_bytes: float, target) -> float:
     pass again per micro-batch), data all-reduces what is left of the gradient, tensor
     all-reduces each block's two outputs forward and backward."""
     from transformer.model import flops
-    compute = flops.train_flops_per_token(c) * B * T * REMAT_COST[cand.remat] / (
+    compute = (flops.train_flops_per_token(c) + flops.recompute_flops_per_token(c)) * B * T / (
         target.chips * target.peak_flops)
     per_chip = param_bytes / cand.tensor
     moved = 0.0
