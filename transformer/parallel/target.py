@@ -130,7 +130,11 @@ def tpu(chip: str, shape: str) -> Target:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         with _quiet_stderr():  # libtpu's start-up complains that this host is not a TPU VM
-            desc = topologies.get_topology_desc(platform="tpu", topology_name=f"{chip}:{shape}")
+            # v4 chips hold two TensorCores that libtpu lists as two devices unless asked for
+            # one per chip (megacore), as JAX runs a v4 and as v5p's topologies already come
+            desc = topologies.get_topology_desc(
+                platform="tpu", topology_name=f"{chip}:{shape}",
+                **({"chip_config_name": "megacore"} if chip == "v4" else {}))
     except Exception as e:  # noqa: BLE001 - libtpu's refusal, as one line
         raise TargetError(f"--target={chip}:{shape}: {_first_line(e)}") from None
     devices = tuple(desc.devices)
