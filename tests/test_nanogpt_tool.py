@@ -1,6 +1,7 @@
-"""tools/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set, token for token,
-and it skips in one line when nanoGPT or torch is missing. (The side-by-side run itself needs
-a nanoGPT checkout and minutes of quiet CPU: docs/speedrun.md has its output.)"""
+"""transformer/tools/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set,
+token for token, and it skips in one line when nanoGPT or torch is missing. (The side-by-side
+run itself needs a nanoGPT checkout and minutes of quiet CPU: docs/records.md has its
+results.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.conftest import ROOT
 from transformer.data import prepare as prep
 from transformer.data import prepared
 
-TOOL = ROOT / "tools" / "nanogpt_side_by_side.py"
+TOOL = ROOT / "transformer" / "tools" / "nanogpt_side_by_side.py"
 
 
 @functools.cache
@@ -57,8 +58,8 @@ def test_nanogpt_val_lines_are_parsed():
 
 def test_without_a_nanogpt_checkout_it_skips_in_one_line(tmp_path):
     for args in ([], [f"--nanogpt={tmp_path}"]):
-        done = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True,
-                              text=True, cwd=tmp_path)
+        done = subprocess.run([sys.executable, "-m", "transformer.tools.nanogpt_side_by_side",
+                               *args], capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("skipped: "), done.stdout

@@ -2,7 +2,7 @@
 rule, with the width rule off and on (train.lr_base_width, transformer/train/width_lr.py).
 
     python -m transformer scaling --sweep=configs/scaling/lr_transfer.py --workdir=runs/lr_transfer
-    python docs/lr_transfer.py runs/lr_transfer docs/lr_transfer.png
+    python -m transformer.tools.lr_transfer runs/lr_transfer docs/lr_transfer.png
 
 Sizes: the tiny ladder's rule (d_model = 16 × n_layers, heads of 16, d_ff = 4 × d_model) at
 n_layers 1, 2, 4: d_model 16, 32, 64 (4× in width). Byte-level, context 64, batch 8 (512

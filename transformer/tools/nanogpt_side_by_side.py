@@ -1,7 +1,7 @@
 """The quick start and nanoGPT's README CPU recipe, one after the other, on the same bytes.
 
-    python tools/nanogpt_side_by_side.py --nanogpt=path/to/nanoGPT       # a checkout of it
-    python tools/nanogpt_side_by_side.py --nanogpt=... --ours=--config.train.steps=300
+    python -m transformer.tools.nanogpt_side_by_side --nanogpt=path/to/nanoGPT   # a checkout of it
+    python -m transformer.tools.nanogpt_side_by_side --nanogpt=... --ours=--config.train.steps=300
 
 1. runs this project's `python train.py` (the README's first command's training, in a fresh
    workdir and a fresh data cache, so it prepares the quick start's data itself) and times it;
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
 # nanoGPT README's "I only have a macbook" CPU command, word for word (its config file and flags).
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
