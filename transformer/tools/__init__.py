@@ -8,6 +8,7 @@
     explain.py                   one head's attention arithmetic, step by step, on real numbers
     prepare.py, cache.py         tokenize a corpus into shards; the data cache
     trace.py                     where a train.profile trace's step time went, per op
+    records.py                   docs/records/*.jsonl rendered as docs/records.md
     nanogpt_side_by_side.py      the quick start and nanoGPT's CPU recipe on the same bytes
     speedrun_steptime.py         step time of speedrun candidates, side by side in one process
     lr_transfer.py               the lr-transfer figure of docs/scaling.md
