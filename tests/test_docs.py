@@ -282,3 +282,12 @@ def test_each_readme_rule_fails_on_a_planted_violation(planted, rule):
                                       "model.dtype=bfloat16", "deadbeef"])
 def test_the_readme_rules_pass_ordinary_prose(innocent):
     assert not [p for p in readme_problems(innocent)], innocent
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[str(p.relative_to(ROOT)) for p in CONFIG_FILES])
+def test_each_config_says_what_it_is_in_ten_lines(path):
+    """A config's docstring: what it is and when to use it, ten lines or fewer (history lives
+    in docs/speedrun.md, docs/records/ and git)."""
+    import ast
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc and len(doc.splitlines()) <= 10, f"{path.name}: {len((doc or '').splitlines())}"
