@@ -70,3 +70,21 @@ def test_the_cpu_line_names_family_and_isa():
     assert "CPUs" in line
     if sys.platform.startswith("linux"):
         assert "family" in line
+
+
+def test_a_result_becomes_one_record_line(tmp_path):
+    """--record appends the side by side in docs/records/' schema: the figures the report
+    prints (nats per byte, wall seconds, the two ratios) and the seed of our run."""
+    from transformer.tools import records
+    result = {"cpu": "a CPU", "vocab": 257, "val_tokens": 10, "nanogpt_data": "byte",
+              "ours": {"command": "python train.py --config.train.seed=1", "wall_s": 80.0,
+                       "train_s": 70.0, "val_loss": 3.4, "nats_per_byte": 1.2},
+              "nanogpt": {"command": "python train.py", "wall_s": 100.0, "val_loss_full": 1.8,
+                          "nats_per_byte": 1.8, "checkpoint_step": 2000,
+                          "val_loss_estimate": 1.83}}
+    rec = _tool().as_record(result, ["--nanogpt=x"])
+    records.append(tmp_path / "side_by_side.jsonl", rec)
+    [back] = records.read(tmp_path / "side_by_side.jsonl")
+    assert back["seeds"] == [1] and back["machine"]["cpu"] == "a CPU"
+    assert back["result"]["loss_ratio"] == 0.667 and back["result"]["wall_ratio"] == 0.8
+    assert back["command"].endswith("--nanogpt=x")
