@@ -209,3 +209,85 @@ def test_the_quick_start_pages_state_the_default_configs_optimizer():
     assert f"betas {t.b1:g}/{t.b2:g}" in readme
     assert f"Muon at lr {t.muon_lr:g} with momentum {t.muon_momentum:g}" in " ".join(quick.split())
     assert f"{t.steps} steps" in quick and f"{t.steps}" in readme
+
+
+# The README is a user's manual (issue 48): short, narrow, and free of lab-notebook history.
+# Dated figures, machines and commits live in docs/records/ (docs/records.md).
+MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|"
+          "December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec")
+README_RULES = {
+    "a date": re.compile(rf"\b(?:19|20)\d\d-\d\d-\d\d\b|\b(?:{MONTHS})\.? (?:\d{{1,2}},? )?"
+                         r"(?:19|20)\d\d\b"),
+    "a CPU family or model": re.compile(
+        r"\bfamily \d+|\bmodel \d+\b|\bZen ?\d\b|\bEPYC\b|\bXeon\b|\b\w+ Rapids\b|"
+        r"\b(?:Ice|Cascade|Coffee|Alder|Raptor) Lake\b|\bi[3579]-\d{4,5}|\bRyzen\b", re.I),
+    "a commit hash": re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"),
+    "internal history": re.compile(r"\bround \d+|\brows? \d+|\bsince that day\b",
+                                   re.I),
+}
+README_MAX_LINES, README_MAX_WIDTH = 250, 100
+
+
+def readme_problems(text: str) -> list[str]:
+    lines = text.splitlines()
+    problems = [f"{len(lines)} lines (at most {README_MAX_LINES})"] \
+        if len(lines) > README_MAX_LINES else []
+    for n, line in enumerate(lines, 1):
+        if len(line) > README_MAX_WIDTH:
+            problems.append(f"line {n}: {len(line)} characters (at most {README_MAX_WIDTH})")
+        for rule, pattern in README_RULES.items():
+            found = pattern.search(line)
+            if found:
+                problems.append(f"line {n}: {rule}: {found.group(0)!r}")
+    for link in re.findall(r"\]\((docs/[^)#\s]+\.md)", text):
+        if not (ROOT / link).exists():
+            problems.append(f"a link to {link}, which does not exist")
+    return problems
+
+
+def test_the_readme_is_a_manual():
+    """At most 250 lines of at most 100 characters; no dates, CPU models, commit hashes or
+    internal history; every docs/*.md it links exists (its commands: the tests above)."""
+    text = (ROOT / "README.md").read_text()
+    assert not readme_problems(text), readme_problems(text)
+
+
+@pytest.mark.parametrize("planted,rule", [
+    ("\n".join(["x"] * 251), "lines"),
+    ("x" * 101, "characters"),
+    ("The suite took 4 min on 2026-12-05.", "a date"),
+    ("measured in December 2026", "a date"),
+    ("on Dec 5, 2026", "a date"),
+    ("a 2-vCPU AMD EPYC (family 26 model 2)", "a CPU family or model"),
+    ("on a Zen 4", "a CPU family or model"),
+    ("on a Sapphire Rapids Xeon", "a CPU family or model"),
+    ("fixed in bd86eb0", "a commit hash"),
+    ("at " + "3edd05f1" * 5, "a commit hash"),
+    ("earlier in round 4", "internal history"),
+    ("row 18: 0.646 in 0.875x", "internal history"),
+    ("the noise is threefry's since that day", "internal history"),
+    ("see [the page](docs/no-such-page.md)", "does not exist"),
+])
+def test_each_readme_rule_fails_on_a_planted_violation(planted, rule):
+    text = (ROOT / "README.md").read_text()
+    if planted.count("\n") > 200:
+        text = planted
+    else:
+        text = text.replace("## Using it", f"{planted}\n\n## Using it", 1)
+    assert any(rule in p for p in readme_problems(text)), (planted, readme_problems(text))
+
+
+@pytest.mark.parametrize("innocent", ["1,049,536 parameters", "a decade of tokens",
+                                      "the first 100 rows", "bucketed prompts, rounded up",
+                                      "model.dtype=bfloat16", "deadbeef"])
+def test_the_readme_rules_pass_ordinary_prose(innocent):
+    assert not [p for p in readme_problems(innocent)], innocent
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[str(p.relative_to(ROOT)) for p in CONFIG_FILES])
+def test_each_config_says_what_it_is_in_ten_lines(path):
+    """A config's docstring: what it is and when to use it, ten lines or fewer (history lives
+    in docs/speedrun.md, docs/records/ and git)."""
+    import ast
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc and len(doc.splitlines()) <= 10, f"{path.name}: {len((doc or '').splitlines())}"
