@@ -4,9 +4,9 @@
     python -m transformer.tools.records --check    # exit 1 if docs/records.md is stale
 
 A record is one JSON object a line, one file per kind (quickstart, side_by_side, bench,
-suite, server, performance, speedrun): `date`, `machine` (`cpu`, `cores`), `command`,
-`seeds`, `result` (the figures, a flat object) and `note`. The measuring tools append with `append` (their
-`--record=PATH` flag); nothing is edited by hand but the notes.
+suite, server, performance, scaling, speedrun): `date`, `machine` (`cpu`, `cores`),
+`command`, `seeds`, `result` (the figures, a flat object) and `note`. The measuring tools
+append with `append` (their `--record=PATH` flag); nothing is edited by hand but the notes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ KINDS = {
     "suite": "The test suite (`python -m pytest`, from a clean clone unless the note says)",
     "server": "The server under concurrent clients (`python -m transformer.serve.measure`)",
     "performance": "Step-cost, profile and decoding experiments (docs/performance.md)",
+    "scaling": "Scaling studies: ladders, IsoFLOP, variants, lr transfer (docs/scaling.md)",
     "speedrun": "The speedrun's rows and screens (docs/speedrun.md; `val_loss` in nats per byte)",
 }
 KEYS = ("date", "machine", "command", "seeds", "result", "note")
