@@ -4,7 +4,7 @@
     python -m transformer.tools.records --check    # exit 1 if docs/records.md is stale
 
 A record is one JSON object a line, one file per kind (quickstart, side_by_side, bench,
-suite, server, performance, scaling, speedrun): `date`, `machine` (`cpu`, `cores`),
+suite, server, data, performance, scaling, speedrun): `date`, `machine` (`cpu`, `cores`),
 `command`, `seeds`, `result` (the figures, a flat object) and `note`. The measuring tools
 append with `append` (their `--record=PATH` flag); nothing is edited by hand but the notes.
 """
@@ -26,6 +26,7 @@ KINDS = {
     "bench": "The bench against the PyTorch peer (`python -m transformer bench`)",
     "suite": "The test suite (`python -m pytest`, from a clean clone unless the note says)",
     "server": "The server under concurrent clients (`python -m transformer.serve.measure`)",
+    "data": "Data: prepare's speed and memory, the loader, the validation split (docs/data.md)",
     "performance": "Step-cost, profile and decoding experiments (docs/performance.md)",
     "scaling": "Scaling studies: ladders, IsoFLOP, variants, lr transfer (docs/scaling.md)",
     "speedrun": "The speedrun's rows and screens (docs/speedrun.md; `val_loss` in nats per byte)",
