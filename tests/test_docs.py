@@ -291,3 +291,118 @@ def test_each_config_says_what_it_is_in_ten_lines(path):
     import ast
     doc = ast.get_docstring(ast.parse(path.read_text()))
     assert doc and len(doc.splitlines()) <= 10, f"{path.name}: {len((doc or '').splitlines())}"
+
+
+# Every docs page is a manual too (issue 48): no commit hashes, no internal history, no prose
+# line a reader must scroll sideways, and no relative link to a file that is not there.
+# docs/records.md is generated from the records (its cells are the data); accelerators.md is
+# being rewritten elsewhere and joins when that lands.
+DOC_PAGES = [p for p in sorted((ROOT / "docs").glob("*.md"))
+             if p.name not in ("records.md", "accelerators.md")]
+DOCS_MAX_WIDTH = 120
+# "row N" is history in any page but the speedrun's: there the rows are the page's own table,
+# numbered for good (a row keeps its number as rows are added, records say "speedrun row 17"),
+# and its prose points at them ("Rows before 12 ran with ...") as a table's notes do. "round N"
+# is session history everywhere.
+ROW_RULE_EXEMPT = {"speedrun.md"}
+
+
+def _prose_lines(text: str):
+    """(line number, line) of the prose: not fenced or indented code, not a table row, not a
+    line that is only an image."""
+    fence = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        if fence or line.startswith(("    ", "\t", "|")) or re.fullmatch(r"!\[.*\]\(.*\)", line):
+            continue
+        yield n, line
+
+
+def docs_page_problems(name: str, text: str) -> list[str]:
+    problems = []
+    for n, line in _prose_lines(text):
+        if len(line) > DOCS_MAX_WIDTH:
+            problems.append(f"{name}:{n}: {len(line)} characters (at most {DOCS_MAX_WIDTH})")
+        found = README_RULES["a commit hash"].search(line)
+        if found:
+            problems.append(f"{name}:{n}: a commit hash: {found.group(0)!r}")
+        history = re.search(r"\bround \d+|\bsince that day\b", line, re.I) or \
+            (name not in ROW_RULE_EXEMPT and re.search(r"\brows? \d+", line, re.I))
+        if history:
+            problems.append(f"{name}:{n}: internal history: {history.group(0)!r}")
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        path = link.split("#")[0]
+        if not path or re.match(r"[a-z]+:", path):  # an anchor on the page, or a URL
+            continue
+        if not (ROOT / "docs" / path).exists():
+            problems.append(f"{name}: a link to {link}, which does not exist")
+    return problems
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=[p.name for p in DOC_PAGES])
+def test_each_docs_page_is_a_manual(page):
+    """No commit hashes, no "round N" (nor "row N" outside the speedrun's table), no prose
+    line over 120 characters, and every relative link names a file that exists."""
+    problems = docs_page_problems(page.name, page.read_text())
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("page,planted,rule", [
+    ("performance.md", "x" * 121, "characters"),
+    ("performance.md", "measured at 3adf61e", "a commit hash"),
+    ("speedrun.md", "fixed by " + "bd86eb0c" * 5, "a commit hash"),
+    ("scaling.md", "as in round 4 of the session", "internal history"),
+    ("speedrun.md", "as in round 4 of the session", "internal history"),
+    ("data.md", "see row 18 for the figures", "internal history"),
+    ("sampling.md", "see [the page](no-such-page.md)", "does not exist"),
+    ("sampling.md", "see [the figure](missing.png#top)", "does not exist"),
+])
+def test_each_docs_rule_fails_on_a_planted_violation(page, planted, rule):
+    text = (ROOT / "docs" / page).read_text()
+    text = text.replace("\n## ", f"\n{planted}\n\n## ", 1)
+    assert any(rule in p for p in docs_page_problems(page, text)), (planted, page)
+
+
+@pytest.mark.parametrize("innocent", [
+    "| 17 | 880 steps, as row 17 of the table | `python train.py` |",  # a table row
+    "```\nx = '" + "y" * 130 + "'\n```",  # code
+    "    python train.py " + "--config.train.steps=880 " * 6,  # an indented command
+    "see [the speedrun](speedrun.md#the-rows) and [jax](https://jax.readthedocs.io/x)",
+    "rows before 12 ran with the float32 head",  # the speedrun's own rows
+])
+def test_the_docs_rules_pass_what_is_not_prose_history(innocent):
+    assert not docs_page_problems("speedrun.md", innocent), innocent
+
+
+def _speedrun_rows():
+    text = (ROOT / "docs" / "speedrun.md").read_text()
+    head, *rows = [line for line in text.split("## The rows")[1].splitlines()
+                   if line.startswith("| ") and "---" not in line]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    return [dict(zip(cols, [c.strip() for c in row.strip("|").split("|")])) for row in rows]
+
+
+def test_the_speedrun_table_matches_its_records_and_its_commands_are_real():
+    """Each row of docs/speedrun.md's table: its command names real flags and fields (as the
+    commands above), and its seeds, mean and spread are those of the row's record in
+    docs/records/speedrun.jsonl (the figures are data, the table quotes them)."""
+    from transformer.tools import records
+    recs = {r["note"].split(":")[0].removeprefix("speedrun row "): r
+            for r in records.read(records.FOLDER / "speedrun.jsonl")
+            if r["note"].startswith("speedrun row ")}
+    rows = _speedrun_rows()
+    assert len(rows) >= 20
+    for row in rows:
+        rec = recs[row["#"]]
+        cmd = row["command"].strip("`")
+        assert cmd == rec["command"], (row["#"], cmd, rec["command"])
+        test_documented_command_names_real_programs_flags_fields_and_files(
+            "speedrun.md", cmd.removeprefix("python "))
+        losses = [rec["result"][f"val_loss_seed{s}"] for s in rec["seeds"]]
+        seeds = ", ".join(map(str, rec["seeds"]))
+        assert row["seeds"] == (seeds if len(losses) > 1 else f"{seeds} (1 seed)"), row["#"]
+        assert row["val loss"] == f"{sum(losses) / len(losses):.4f}", row["#"]
+        spread = f"{max(losses) - min(losses):.4f}" if len(losses) > 1 else "—"
+        assert row["spread"] == spread, row["#"]
