@@ -188,9 +188,9 @@ def _short(value) -> str:
 
 
 # Free on a resumed run, but not within a sweep: the final validation loss the report fits is
-# measured over train.final_eval_batches, and the padded vocabulary's head is in the FLOPs an
+# measured over train.eval_tokens, and the padded vocabulary's head is in the FLOPs an
 # IsoFLOP member is sized by. Members finished before and after such a change would not compare.
-NOT_FREE_IN_A_SWEEP = ("train.final_eval_batches", "model.vocab_multiple")
+NOT_FREE_IN_A_SWEEP = ("train.eval_tokens", "model.vocab_multiple")
 
 
 def free_in_a_sweep(key: str) -> bool:
