@@ -379,6 +379,13 @@ def test_the_final_evaluation_scores_its_budget_of_fixed_windows_or_the_whole_sp
         assert evaluate_final(trainer, params, source, seed, k * T + T - 1) == \
             pytest.approx(fixed, rel=1e-5)
     assert fixed != pytest.approx(whole, rel=1e-5)
+    # the run's data line says what the final loss scores
+    c.train.eval_tokens = k * T
+    assert f"the final val loss scores {k * T:,} val tokens of {n * T:,} ({k:,} evenly " \
+        f"spaced windows of {n:,}" in source.describe(c)
+    c.train.eval_tokens = 0
+    assert f"scores the whole val split ({n * T:,} tokens, train.eval_tokens=0)" in \
+        source.describe(c)
 
 
 def test_the_budgets_windows_are_evenly_spaced_over_the_split():
