@@ -63,6 +63,19 @@ def test_each_depth_follows_the_written_rules(name):
         assert t.steps == max(1, round(t0.tokens_per_param * N / (t.batch_size * m.max_seq_len)))
 
 
+def test_without_a_ratio_the_steps_are_as_given_and_nothing_else_changes():
+    """The batch and decay rules read D/D0 = N/N0 only: tokens_per_param=0 (a sweep's budget
+    sets the steps) derives the same sizes, rates, batch and decays."""
+    ref = validate(_config("default.py"))
+    for n in (2, 6):
+        with_ratio = _at(ref, n).to_dict()
+        given = _at(replace(ref, **{"train.tokens_per_param": 0.0}), n).to_dict()
+        assert given["train"].pop("steps") == ref.train.steps
+        with_ratio["train"].pop("steps")
+        given["train"]["tokens_per_param"] = with_ratio["train"]["tokens_per_param"]
+        assert given == with_ratio
+
+
 def test_the_reference_depth_gives_the_config_back_and_deriving_twice_changes_nothing():
     """The config as written is the reference: at its own depth only the steps follow the
     horizon rule. A derived config is its own reference (a resumed run derives it again)."""
@@ -110,7 +123,10 @@ def test_the_depth_ladder_members_differ_only_by_depth():
         assert r.config.model.d_model == want.model.d_model
         assert r.config.train.muon_lr == want.train.muon_lr
         assert r.config.train.batch_size == want.train.batch_size
-        assert r.config.model.depth == 0  # explicit in the member, so its run keeps them
+        # the budget's steps, which the member's run keeps (tokens_per_param=0)
+        assert r.config.model.depth == r.config.model.n_layers
+        assert r.config.train.tokens_per_param == 0
+        assert depth.derive(r.config).to_dict() == r.config.to_dict()
 
 
 def test_sizes_prints_what_a_depth_derives():

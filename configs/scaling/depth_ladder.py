@@ -7,8 +7,9 @@ SwiGLU, untied head, Muon) at depths 2..6, members that differ only by model.dep
 Each depth derives its sizes, learning rates, batch and weight decay from the quick start (the
 reference, depth 4) by config/depth.py's written rules: d_model = 32 × depth in heads of 32,
 d_ff = 2 × d_model, Muon's rate × √(B/B₀), AdamW's × √(B/B₀) · √(128/d_model), the batch
-B₀ · 2^round(log2((D/D₀)^0.383)) and the decay λ₀ · √(B/B₀) · D₀/D. The budget is the rules' own
-horizon, 12 tokens per non-embedding parameter (nanochat's ratio; train.tokens_per_param):
+B₀ · 2^round(log2((D/D₀)^0.383)) and the decay λ₀ · √(B/B₀) · D₀/D. The budget is the rules'
+horizon at nanochat's ratio, 12 tokens per non-embedding parameter (the sweep's steps; the
+rules' own train.tokens_per_param gives the same to ~1%, the norms' parameters):
 0.8M tokens at depth 2 to 21M at depth 6 (~5,200 steps of 4,096 tokens), hours on 2 CPU
 cores. Not run yet.
 """
@@ -33,6 +34,6 @@ def quick_start():
 
 def get_config():
     base = quick_start()
-    base.train.update(tokens_per_param=TOKENS_PER_PARAM, eval_every=1000, ckpt_every=1000)
+    base.train.update(eval_every=1000, ckpt_every=1000)
     return sweep_config(base, depths(DEPTHS), budget_kind="chinchilla",
                         budgets=[TOKENS_PER_PARAM])

@@ -32,8 +32,7 @@ def _ladder():
 
 def get_config():
     base = _ladder().quick_start()
-    base.train.update(tokens_per_param=TOKENS_PER_PARAM, eval_every=1_000_000,
-                      ckpt_every=1000)
+    base.train.update(eval_every=1_000_000, ckpt_every=1000)
     lr, muon_lr = base.train.lr, base.train.muon_lr
     variants = [{"name": f"lrx{m:g}", "group": "depth rules", "train.lr": lr * m,
                  "train.muon_lr": muon_lr * m} for m in MULTIPLIERS]

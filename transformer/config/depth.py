@@ -21,6 +21,9 @@ B the tokens a step, d the width):
        n_heads = d_model / head width, d_ff = d_model · d_ff₀/d₀, K/V heads in the same groups.
 2. Horizon (nanochat's `--target-param-data-ratio`, 12 there; Chinchilla's ~20):
        D = train.tokens_per_param · N,   N = the blocks' attention and MLP matrices.
+   The ratio cancels in D/D₀ = N/N₀, which is all the batch and decay rules read: with
+   tokens_per_param = 0 the steps are train.steps as given (a sweep's budget) and every
+   other rule is the same.
    nanochat counts its output head in N too (its dev/LOG.md, 2026-01-27); here N leaves it
    out, so the rules are a function of the config alone (the vocabulary is the tokenizer's,
    known only once the data is read).
@@ -35,7 +38,7 @@ B the tokens a step, d the width):
 5. Weight decay (the T_epoch = B/(η·λ·D) of Wang & Aitchison 2024, "How to set AdamW's weight
    decay as you scale model and dataset size", held fixed with η ∝ √B, as nanochat does):
        λ = λ₀ · √(B/B₀) · D₀/D, for train.weight_decay and train.muon_weight_decay.
-6. Steps: train.steps = round(D / B), at least 1.
+6. Steps: train.steps = round(D / B), at least 1 (tokens_per_param > 0).
 
 Nothing here is measured on this project yet: the lr sweep at 3 depths that tests rule 4
 (configs/scaling/depth_lr_transfer.py) is for docs/scaling.md to publish.
@@ -82,19 +85,19 @@ def derived(config) -> dict:
     d_ff = max(1, round(m.d_ff * d / m.d_model))
     kv = 0 if not m.n_kv_heads else heads // group
     n0, n = _n(m), matrices(d, depth, heads, kv, d_ff, m.mlp)
-    ratio = t.tokens_per_param
-    d0_tokens, d_tokens = ratio * n0, ratio * n
-    doublings = round(math.log2((d_tokens / d0_tokens) ** BATCH_EXPONENT))
+    horizon = n / n0  # D/D₀: the same ratio of tokens per parameter at both depths
+    doublings = round(math.log2(horizon ** BATCH_EXPONENT))
     batch = max(1, round(t.batch_size * 2.0 ** doublings))
     b_ratio = batch / t.batch_size  # B/B₀ (a power of two; the context is fixed)
     lr_scale = math.sqrt(b_ratio)
-    wd_scale = math.sqrt(b_ratio) * d0_tokens / d_tokens
+    wd_scale = math.sqrt(b_ratio) / horizon
     out = {"model.n_layers": depth, "model.d_model": d, "model.n_heads": heads,
            "model.d_ff": d_ff, "model.n_kv_heads": kv,
            "train.batch_size": batch,
-           "train.steps": max(1, round(d_tokens / (batch * m.max_seq_len))),
            "train.weight_decay": t.weight_decay * wd_scale,
            "train.muon_weight_decay": t.muon_weight_decay * wd_scale}
+    if t.tokens_per_param:
+        out["train.steps"] = max(1, round(t.tokens_per_param * n / (batch * m.max_seq_len)))
     if t.optimizer == "muon":
         out["train.muon_lr"] = t.muon_lr * lr_scale
         out["train.lr"] = t.lr * lr_scale * math.sqrt(m.d_model / d)
@@ -122,10 +125,11 @@ def describe(config) -> str | None:
         return None
     n = _n(m)
     tokens = t.steps * t.batch_size * m.max_seq_len
+    horizon = (f"{n:,} matrix params x {t.tokens_per_param:g} = {tokens:,} tokens" if
+               t.tokens_per_param else f"{n:,} matrix params; {tokens:,} tokens as given")
     rates = (f"muon_lr {t.muon_lr:.4g}, lr {t.lr:.4g}" if t.optimizer == "muon" else
              f"lr {t.lr:.4g} (hidden matrices x {t.lr_base_width}/{m.d_model})")
     return (f"depth {m.depth} derives (config/depth.py): d_model {m.d_model}, {m.n_heads} heads, "
-            f"d_ff {m.d_ff}; {n:,} matrix params x {t.tokens_per_param:g} = {tokens:,} tokens "
-            f"in {t.steps:,} steps of {t.batch_size} x {m.max_seq_len}; {rates}; weight decay "
+            f"d_ff {m.d_ff}; {horizon} in {t.steps:,} steps of {t.batch_size} x {m.max_seq_len}; {rates}; weight decay "
             f"{t.weight_decay:.4g}, muon {t.muon_weight_decay:.4g}")
 

@@ -176,7 +176,7 @@ _MODEL = [
     _f("model.depth", 0, "0: the sizes as given | N: n_layers = N, and d_model, heads, d_ff, "
        "learning rates, batch, weight decay and steps derived from N by config/depth.py's "
        "rules, replacing the values given (the config as written is the reference they "
-       "scale; the horizon is set by train.tokens_per_param)", FIXED,
+       "scale; train.tokens_per_param=0 keeps train.steps)", FIXED,
        check=lambda v: None if v >= 0 else "must be >= 0 (0: the sizes as given)"),
     _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
     _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),
@@ -251,10 +251,9 @@ _TRAIN = [
     _f("train.seed", 0, "seed of the initialisation and the batch order", CHANGE),
     _f("train.steps", 1000, "optimizer steps in all", CHANGE, check=_positive),
     _f("train.batch_size", 16, "sequences per step", CHANGE, check=_positive),
-    _f("train.tokens_per_param", 12.0, "model.depth > 0: the token horizon in tokens per "
-       "matrix parameter of the blocks (nanochat's 12; Chinchilla ~20), from which the batch, "
-       "weight decay and steps follow (config/depth.py); unused at depth 0", CHANGE,
-       check=_finite_positive),
+    _f("train.tokens_per_param", 12.0, "model.depth > 0: train.steps from this many tokens "
+       "per matrix parameter of the blocks (nanochat's 12; Chinchilla ~20); 0: train.steps as "
+       "given (config/depth.py); unused at depth 0", CHANGE, check=_non_negative),
     # Another optimizer has another state: a checkpoint's cannot continue under it.
     _f("train.optimizer", "adamw", "adamw: AdamW for every parameter | muon: Muon for the "
        "blocks' hidden matrices, AdamW for embeddings, head, norms, biases (optimizer.py)",

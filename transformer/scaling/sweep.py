@@ -27,7 +27,8 @@ from pathlib import Path
 
 import ml_collections
 
-from transformer.config import ConfigError, ModelConfig, depth, fields, flatten, validate
+from transformer.config import (ConfigError, ModelConfig, depth, fields, flatten, replace,
+                                validate)
 from transformer.data import durable
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
@@ -150,10 +151,9 @@ def members(sweep) -> list[Member]:
         _apply_variant(config, variant)
         config.model.update({k: v for k, v in size.items() if k != "name"})
         if config.model.depth:  # a depth ladder: the depth's sizes, rates and batch
-            # (config/depth.py), then the budget's steps; the member runs them as explicit
-            # values (depth 0), so its run does not derive the steps again.
-            config = depth.derive(validate(config))
-            config.model.depth = 0
+            # (config/depth.py); the budget sets the steps, which its run then keeps
+            # (tokens_per_param=0: the other rules do not read the ratio).
+            config = depth.derive(validate(replace(config, **{"train.tokens_per_param": 0})))
         model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
         if kind == "tokens":
             tokens = value
