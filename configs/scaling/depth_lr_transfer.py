@@ -1,15 +1,12 @@
-"""Do the depth rules transfer the learning rate? One multiplier on both of the quick start's
-rates (Muon's 0.01, AdamW's 1.5e-2), 5 values 2× apart, at depths 2, 4 and 6 (d_model 64,
-128, 192), each depth's rates, batch and decay then derived by config/depth.py's rules. Under
-rules that transfer, every depth's best multiplier is the same (1, where the quick start was
-tuned).
+"""Do the depth rules transfer the learning rate? One multiplier (5 values 2x apart) on both
+of the quick start's rates at depths 2, 4 and 6, each depth's rates, batch and decay derived by
+transformer/config/depth.py. Under rules that transfer, every depth's best multiplier is the
+same (1, where the quick start was tuned).
 
     python -m transformer scaling --sweep=configs/scaling/depth_lr_transfer.py \\
         --workdir=runs/depth_lr_transfer
 
-A horizon of 4 tokens per non-embedding parameter (not the ladder's 12, to keep 15 runs to a
-few CPU hours: 0.27M, 2.1M and 7.1M tokens): the rules' batch and decay follow D/D₀ = N/N₀
-whatever the ratio. The report keeps each depth's best multiplier (one group). Not run yet.
+4 tokens per non-embedding parameter (0.27M, 2.1M, 7.1M tokens): a few CPU hours.
 """
 
 import importlib.util
