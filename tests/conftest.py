@@ -24,17 +24,24 @@ from pathlib import Path
 # (float32 params after 5 steps: within 1e-6), so every bitwise property is checked between
 # programs of one level, as it must hold at any level. Every
 # subprocess a test starts inherits the flags (tests that add XLA flags append to them).
-# TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; with a CUDA or TPU
-# plugin installed (python -m transformer device_check on an accelerator) it always does.
+# TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; on a machine with a GPU or
+# TPU and its plugin (python -m transformer device_check) it always does. A plugin alone is no
+# accelerator: the test extra installs libtpu to compile for TPU topologies on a CPU
+# (tests/test_compile.py), and such a machine keeps the fast flags.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
                       " --xla_cpu_use_fusion_emitters=false"
                       " --xla_cpu_parallel_codegen_split_count=1")
-# libtpu comes with the test extra (tests/test_compile.py compiles for TPU topologies on this
-# CPU), so it marks a TPU only where the machine has one: a TPU VM's /dev/accel* or /dev/vfio/N.
-_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
-_TPU_HERE = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not _TPU_HERE and not any(
-        importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS):
+# plugin -> the device files its accelerator shows (NVIDIA's driver; a TPU VM's chips)
+_ACCELERATORS = {"jax_cuda12_plugin": ("/dev/nvidiactl",), "jax_cuda13_plugin": ("/dev/nvidiactl",),
+                 "libtpu": ("/dev/accel*", "/dev/vfio/[0-9]*")}
+
+
+def _accelerator_here() -> bool:
+    return any(importlib.util.find_spec(plugin) and any(glob.glob(p) for p in paths)
+               for plugin, paths in _ACCELERATORS.items())
+
+
+if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not _accelerator_here():
     flags = os.environ.get("XLA_FLAGS", "")
     if FAST_COMPILE_FLAGS not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAGS}".strip()

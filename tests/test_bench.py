@@ -114,11 +114,17 @@ def test_the_page_fault_figure_counts_the_pages_a_step_maps_in():
     region.close()
 
 
-def test_bench_without_the_peer_prints_a_table():
-    result = run_cli("-m", "transformer", "bench", "--no_peer", "--modes=f32", *SMOKE)
+def test_bench_without_the_peer_prints_a_table_and_appends_a_record(tmp_path):
+    path = tmp_path / "records" / "bench.jsonl"
+    result = run_cli("-m", "transformer", "bench", "--no_peer", "--modes=f32", *SMOKE,
+                     f"--record={path}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train tokens/s, f32" in result.stdout and "decode tokens/s, batch 8" in result.stdout
     assert "isa: " in result.stdout and "model.matmul=auto picks " in result.stdout
+    from transformer.tools import records
+    [rec] = records.read(path)  # one line in docs/records/' schema
+    assert rec["result"]["train_tokens_per_s"] > 0 and rec["machine"]["cores"] >= 1
+    assert rec["command"].startswith("python -m transformer bench --no_peer")
 
 
 def test_bench_refuses_a_bad_mode():

@@ -2,7 +2,8 @@
 
 Each room of `transformer/` (a subpackage) may import only the rooms below it; the root
 modules (`cli`, `checkpoint`) are shared by several rooms and import only what is below
-them. Nothing imports `tools/` or the package's `__main__`, and nothing in the package
+them. Nothing imports `transformer/tools/` (the one tools folder: no root `tools/`, no scripts
+in docs/) or the package's `__main__`, and nothing in the package
 imports the command lines (train.py, sample.py). Imports inside functions count too: a lazy
 import is still a dependence. The checker reads source text only (AST), so a planted wrong
 import is caught without running anything (test below).
@@ -147,6 +148,23 @@ def test_nothing_imports_the_tools_or_the_command_lines():
         tree = ast.parse(source)
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not names & {"train", "sample"}, f"{module} imports a command line"
+
+
+def stray_scripts(root: Path) -> list[str]:
+    """Programs outside the one tools folder: a root tools/ folder, Python files in docs/."""
+    return sorted([str(p.relative_to(root)) for p in (root / "tools").rglob("*")] +
+                  [str(p.relative_to(root)) for p in (root / "docs").rglob("*.py")])
+
+
+def test_one_tools_folder(tmp_path):
+    """Programs live in transformer/tools/ (python -m transformer.tools.NAME); the checker
+    catches a planted root tools/ script and a script in docs/."""
+    assert not stray_scripts(PACKAGE.parent), stray_scripts(PACKAGE.parent)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "x.py").write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "figure.py").write_text("")
+    assert stray_scripts(tmp_path) == ["docs/figure.py", "tools/x.py"]
 
 
 @pytest.mark.parametrize("top_level_only", [True, False], ids=["import-time", "any"])

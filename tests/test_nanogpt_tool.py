@@ -1,6 +1,7 @@
-"""tools/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set, token for token,
-and it skips in one line when nanoGPT or torch is missing. (The side-by-side run itself needs
-a nanoGPT checkout and minutes of quiet CPU: docs/speedrun.md has its output.)"""
+"""transformer/tools/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set,
+token for token, and it skips in one line when nanoGPT or torch is missing. (The side-by-side
+run itself needs a nanoGPT checkout and minutes of quiet CPU: docs/records.md has its
+results.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.conftest import ROOT
 from transformer.data import prepare as prep
 from transformer.data import prepared
 
-TOOL = ROOT / "tools" / "nanogpt_side_by_side.py"
+TOOL = ROOT / "transformer" / "tools" / "nanogpt_side_by_side.py"
 
 
 @functools.cache
@@ -57,8 +58,8 @@ def test_nanogpt_val_lines_are_parsed():
 
 def test_without_a_nanogpt_checkout_it_skips_in_one_line(tmp_path):
     for args in ([], [f"--nanogpt={tmp_path}"]):
-        done = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True,
-                              text=True, cwd=tmp_path)
+        done = subprocess.run([sys.executable, "-m", "transformer.tools.nanogpt_side_by_side",
+                               *args], capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("skipped: "), done.stdout
@@ -69,3 +70,21 @@ def test_the_cpu_line_names_family_and_isa():
     assert "CPUs" in line
     if sys.platform.startswith("linux"):
         assert "family" in line
+
+
+def test_a_result_becomes_one_record_line(tmp_path):
+    """--record appends the side by side in docs/records/' schema: the figures the report
+    prints (nats per byte, wall seconds, the two ratios) and the seed of our run."""
+    from transformer.tools import records
+    result = {"cpu": "a CPU", "vocab": 257, "val_tokens": 10, "nanogpt_data": "byte",
+              "ours": {"command": "python train.py --config.train.seed=1", "wall_s": 80.0,
+                       "train_s": 70.0, "val_loss": 3.4, "nats_per_byte": 1.2},
+              "nanogpt": {"command": "python train.py", "wall_s": 100.0, "val_loss_full": 1.8,
+                          "nats_per_byte": 1.8, "checkpoint_step": 2000,
+                          "val_loss_estimate": 1.83}}
+    rec = _tool().as_record(result, ["--nanogpt=x"])
+    records.append(tmp_path / "side_by_side.jsonl", rec)
+    [back] = records.read(tmp_path / "side_by_side.jsonl")
+    assert back["seeds"] == [1] and back["machine"]["cpu"] == "a CPU"
+    assert back["result"]["loss_ratio"] == 0.667 and back["result"]["wall_ratio"] == 0.8
+    assert back["command"].endswith("--nanogpt=x")

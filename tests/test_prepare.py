@@ -803,6 +803,26 @@ def test_a_tokenizer_file_is_applied_as_its_authors_apply_it(kind, tmp_path):
     assert manifest["text_in_pieces"] == (kind == "bytelevel")  # Metaspace: files read whole
 
 
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_the_tails_cut_cuts_the_documents_ids_not_its_text(kind, tmp_path):
+    """A corpus of one document holds out its tail: the two splits' ids, one after the other,
+    are the document's whole encoding and its end token. Cutting the text instead encoded the
+    held-out part alone, and a Metaspace tokenizer then put a "▁" word start before its first
+    word, which the whole document has only after a space."""
+    from tokenizers import Tokenizer
+    text = "\n".join(documents(80, seed=18))  # lines starting mid-document: no "▁" there
+    _, eos = _authors_tokenizer(kind, [text], tmp_path / "tokenizer.json")
+    (tmp_path / "one.txt").write_text(text)
+    out = tmp_path / "set"
+    manifest = prep.prepare([tmp_path / "one.txt"], out, val_fraction=0.1,
+                            tokenizer=str(tmp_path / "tokenizer.json"))
+    assert manifest["split"]["rule"] == "tail"
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    train, val = (np.concatenate(read_split(out, s)).tolist() for s in ("train", "val"))
+    assert train and len(val) > 1 and len(val) < len(train)
+    assert train + val == tok.encode(text, add_special_tokens=False).ids + [tok.token_to_id(eos)]
+
+
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
 def test_a_literal_end_of_text_in_a_document_is_text_in_prepare_and_at_sample_time(kind,
                                                                                  tmp_path):

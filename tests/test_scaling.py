@@ -660,13 +660,13 @@ def test_a_sweep_workdir_refuses_another_sweep_or_a_changed_base(tmp_path):
 
 def test_a_sweep_workdir_refuses_a_change_to_what_its_members_measure(tmp_path):
     """Free on a resumed run is not free within a sweep: the final val loss the report fits is
-    measured over train.final_eval_batches, and an IsoFLOP member's tokens depend on the
+    measured over train.eval_tokens, and an IsoFLOP member's tokens depend on the
     padded vocabulary (model.vocab_multiple). Members finished before such a change and
     trained after it would be fitted together; the workdir refuses it, naming the key
     (--verify's budget folders follow the same rule). Logging stays free."""
     from transformer.scaling import verify
     _, sweep, workdir = _finished_sweep(tmp_path)
-    for key, value in (("train.final_eval_batches", 4), ("model.vocab_multiple", 64)):
+    for key, value in (("train.eval_tokens", 4096), ("model.vocab_multiple", 64)):
         changed = copy.deepcopy(sweep)
         section, field = key.split(".")
         changed.base[section][field] = value

@@ -341,29 +341,61 @@ def test_trace_counts_a_conds_body_once_not_the_cond_too(tmp_path):
     assert summary["wall_ms"] == pytest.approx(550 / 1000) and summary["executions"] == 1
 
 
-def test_the_final_evaluation_covers_every_validation_window_once(tmp_path):
-    """evaluate(..., batches=0), what the last step reports by default (train.final_eval_batches
-    = 0): the mean loss over every window of the validation split, here computed window by
-    window in file order, with a batch size that does not divide the window count (the last
-    batch's rows past the split's end, which wrap into a second epoch, count nothing)."""
+def test_the_final_evaluation_scores_its_budget_of_fixed_windows_or_the_whole_split(tmp_path):
+    """evaluate_final, what the last step reports: train.eval_tokens=0 is the mean loss over
+    every window of the validation split; a budget of k windows' tokens is the mean over the k
+    windows evenly spaced over the split (prepared.spaced), whatever the seed. Both computed
+    here window by window, with a batch size that divides neither count (the last batch's
+    rows past the windows count nothing)."""
     from transformer import data
+    from transformer.data.prepared import spaced
     from transformer.train.step import loss_fn
-    from transformer.train.trainer import Trainer, evaluate, val_windows
+    from transformer.train.trainer import Trainer, evaluate_final
     c = _config("stdlib", 1)
     c.model.vocab_size = 257  # the bytes and the end-of-text token
     c.data.update(tokenizer="byte", max_bytes=150_000)
     _, source = data.load(c)
-    n = val_windows(source)
-    c.train.batch_size = next(b for b in (7, 6, 5) if n % b)
+    n, k = source.windows["val"], 11
+    c.train.batch_size = next(b for b in (7, 6, 5) if n % b and k % b)
     trainer = Trainer.build(c)
     params = trainer.init(0).params
     T = c.model.max_seq_len
-    windows = np.stack([source.shards["val"][s].read((w - source.starts["val"][s]) * T, T + 1)
-                        for w in range(n)
-                        for s in [int(np.searchsorted(source.starts["val"], w, "right") - 1)]]
-                       ).astype(np.int32)
-    whole = {"inputs": windows[:, :-1], "targets": windows[:, 1:],
-             "weights": np.ones((n, T), np.float32)}
-    by_hand = float(jax.jit(lambda p, b: loss_fn(p, b, trainer.model_config))(params, whole))
-    assert evaluate(trainer, params, source, 0, 0) == pytest.approx(by_hand, rel=1e-5)
-    assert evaluate(trainer, params, source, 0, 2) != pytest.approx(by_hand, rel=1e-5)
+    loss = jax.jit(lambda p, b: loss_fn(p, b, trainer.model_config))
+
+    def by_hand(ws):
+        rows = np.stack([source.shards["val"][s].read((w - source.starts["val"][s]) * T, T + 1)
+                         for w in ws
+                         for s in [int(np.searchsorted(source.starts["val"], w, "right") - 1)]]
+                        ).astype(np.int32)
+        return float(loss(params, {"inputs": rows[:, :-1], "targets": rows[:, 1:],
+                                   "weights": np.ones((len(ws), T), np.float32)}))
+
+    whole = by_hand(range(n))
+    assert evaluate_final(trainer, params, source, 0, 0) == pytest.approx(whole, rel=1e-5)
+    assert evaluate_final(trainer, params, source, 0, n * T + 5) == pytest.approx(whole,
+                                                                                rel=1e-5)
+    fixed = by_hand(spaced(n, k))
+    for seed in (0, 3):  # the budget's windows are the same for every seed
+        assert evaluate_final(trainer, params, source, seed, k * T + T - 1) == \
+            pytest.approx(fixed, rel=1e-5)
+    assert fixed != pytest.approx(whole, rel=1e-5)
+    # the run's data line says what the final loss scores
+    c.train.eval_tokens = k * T
+    assert f"the final val loss scores {k * T:,} val tokens of {n * T:,} ({k:,} evenly " \
+        f"spaced windows of {n:,}" in source.describe(c)
+    c.train.eval_tokens = 0
+    assert f"scores the whole val split ({n * T:,} tokens, train.eval_tokens=0)" in \
+        source.describe(c)
+
+
+def test_the_budgets_windows_are_evenly_spaced_over_the_split():
+    """k of n windows: k distinct, in order, first at 0, gaps of floor or ceil of n/k; all n
+    when k is 0 or at least n."""
+    from transformer.data.prepared import spaced
+    for n, k in ((10, 3), (1000, 7), (4096, 4095), (5, 5), (5, 9), (6, 0), (1, 1)):
+        w = spaced(n, k)
+        if k == 0 or k >= n:
+            assert list(w) == list(range(n))
+            continue
+        gaps = np.diff(np.append(w, n))
+        assert len(w) == k and w[0] == 0 and set(gaps) <= {n // k, -(-n // k)}, (n, k, w)

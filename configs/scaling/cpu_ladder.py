@@ -1,16 +1,9 @@
-"""The CPU ladder: 5 sizes, 12.8K → 1.55M non-embedding params (121×), 1.5M tokens each.
+"""The CPU ladder: 5 sizes (d_model = 32 x n_layers, n_layers 1..5; 12.8K to 1.55M
+non-embedding params), 1.5M tokens each, byte-level BPE of 1024 tokens, the width rule on
+(train.lr_base_width=96) so one learning rate serves every size. Use it for a loss-against-
+size curve on a CPU in about 10-15 minutes (docs/scaling.md).
 
     python -m transformer scaling --sweep=configs/scaling/cpu_ladder.py --workdir=runs/ladder
-
-Sizing rule (transformer.scaling.ladder): d_model = 32 × n_layers, heads of 32 (so
-n_heads = n_layers), d_ff = 4 × d_model, n_layers = 1..5. Every run: byte-level BPE with 1024
-tokens learned on the standard-library corpus, context 128, batch 16 (2,048 tokens a step),
-732 steps = 1.5M tokens, the same learning-rate schedule. The width rule is on
-(train.lr_base_width=96, transformer/train/width_lr.py): lr 2e-3 is the rate of the middle
-member, L3-d96, and the hidden matrices of the others step at 2e-3 × 96 / d_model (6e-3 at
-d32, 1.2e-3 at d160), so every size sits near the same distance from its optimum
-(docs/scaling.md, "Learning rates across sizes"). About 10-15 minutes on 2 idle
-CPU cores, most of it in the largest model.
 """
 
 from transformer.config import base_config

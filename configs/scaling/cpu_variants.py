@@ -1,15 +1,9 @@
-"""Scaling of a change: GPT-2's block against the modern combination across the CPU ladder.
+"""Scaling of a change: GPT-2's block (`gpt2`) against the modern one (`modern`: RoPE,
+RMSNorm, SwiGLU) at every size of the CPU ladder (cpu_ladder.py), 10 runs. Use it to see
+whether a change's advantage grows or shrinks with size: the report fits L(N) per variant
+and tables the gap size by size (docs/scaling.md).
 
     python -m transformer scaling --sweep=configs/scaling/cpu_variants.py --workdir=runs/variants
-
-Two variants, each trained at every size of the CPU ladder (cpu_ladder.py: d_model =
-32 × n_layers, n_layers 1..5, 1.5M tokens each, the width rule at lr_base_width=96):
-`gpt2` (learned positions, LayerNorm, GELU MLP: the defaults) and `modern` (RoPE, RMSNorm,
-SwiGLU). The report fits L(N) per variant and draws both on loss_vs_params.png: whether
-the modern block's advantage grows or shrinks with size is the gap between the two curves
-(the report's gap table: size by size, paired). 10 runs, 37 minutes measured on 2 shared
-cores under contention (load average 5-9); idle not measured. Results (measured before the
-width rule: add --sweep.base.train.lr_base_width=0 to reproduce them): docs/scaling.md.
 """
 
 from transformer.config import base_config

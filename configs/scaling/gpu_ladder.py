@@ -1,19 +1,11 @@
-"""The GPU ladder: 7 sizes, 10.6M → 1.08B non-embedding params, Chinchilla budget.
+"""The GPU ladder: 7 sizes (d_model = 64 x n_layers, n_layers 6..28; 10.6M to 1.08B
+non-embedding params), 20 tokens per parameter (Chinchilla), 32K BPE, context 1024, bf16,
+scanned layers, the width rule at GPT-3 Small's lr 6e-4 (train.lr_base_width=768). Use it on
+GPUs with a prepared corpus (CORPUS below, or --sweep.base.data.corpus=DIR; docs/data.md);
+--index runs one member.
 
     python -m transformer scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder
     python -m transformer scaling --sweep=configs/scaling/gpu_ladder.py --workdir=runs/gpu_ladder --index=3
-
-Sizing rule (transformer.scaling.ladder): d_model = 64 × n_layers, heads of 64 (n_heads =
-n_layers), d_ff = 4 × d_model, n_layers in 6, 8, 12, 16, 20, 24, 28. Each run sees 20 tokens
-per non-embedding parameter (Hoffmann et al. 2022): 0.2B tokens for the smallest, 22B for
-the largest. GPT-2-sized BPE (32K tokens), context 1024, bfloat16 compute, scanned layers.
-data.corpus names a prepared folder (CORPUS below; make it once with
-`python -m transformer prepare`, docs/data.md); another one with --sweep.base.data.corpus=DIR.
-The width rule is on (train.lr_base_width=768, transformer/train/width_lr.py): lr 6e-4 is
-GPT-3 Small's at d_model 768 (Brown et al. 2020, Table 2.1), and the hidden matrices of the
-other sizes step at 6e-4 × 768 / d_model (1.2e-3 at d384, 2.6e-4 at d1792).
-FineWeb's 10B-token sample is read about 2.2 times by the largest member (22B tokens): its
-start-up summary says how many epochs it makes.
 """
 
 from transformer.config import base_config

@@ -1,16 +1,10 @@
-"""Does the learning rate transfer across sizes? An lr sweep at 3 sizes of the tiny ladder's
-rule, with the width rule off and on (train.lr_base_width, transformer/train/width_lr.py).
+"""Does the learning rate transfer across sizes? 10 learning rates at 3 sizes of the tiny
+ladder's rule (d_model 16, 32, 64), with the width rule off and on (train.lr_base_width).
+Use it to check the width rule before trusting one lr for a ladder; the second command
+draws the figure and prints the table of docs/scaling.md.
 
     python -m transformer scaling --sweep=configs/scaling/lr_transfer.py --workdir=runs/lr_transfer
-    python docs/lr_transfer.py runs/lr_transfer docs/lr_transfer.png
-
-Sizes: the tiny ladder's rule (d_model = 16 × n_layers, heads of 16, d_ff = 4 × d_model) at
-n_layers 1, 2, 4: d_model 16, 32, 64 (4× in width). Byte-level, context 64, batch 8 (512
-tokens a step), 200K tokens each, cosine schedule with 20 warm-up steps, one evaluation at
-the end over 16 held-out batches. Grid: lr_base_width 0 (off) and 16 (the smallest width:
-its members are the same runs under both, bit for bit) × 10 learning rates (LRS); the
-report keeps each size's best lr per rule. 60 runs (docs/scaling.md ran all but the 9
-rule-on twins at d_model 16). Results and the reading: docs/scaling.md.
+    python -m transformer.tools.lr_transfer runs/lr_transfer docs/lr_transfer.png
 """
 
 from transformer.config import base_config

@@ -3,6 +3,7 @@
     fields.py    each field once: default, allowed values, check, doc, resume rule
     schema.py    base_config, validate (errors name the field and the fix), ModelConfig
     resume.py    which changes a resumed run accepts
+    depth.py     model.depth: sizes, rates, batch and horizon derived from one number
 
 Configs are plain data: building or validating one reads nothing of the machine it runs on
 (`model.matmul=auto` is resolved at the edge, by the run and sampler set-up). This room

@@ -70,6 +70,14 @@ class Field:
 INT32_MAX = 2**31 - 1
 
 
+# train.eval_tokens' default (2^18): see its declaration.
+EVAL_TOKENS = 1 << 18
+
+# Fields that were declared once and are no more: a config saved with one (a checkpoint's,
+# a sweep's) drops it when read back (schema.from_dict), naming what replaced it.
+RETIRED = {"train.final_eval_batches": "train.eval_tokens"}
+
+
 def _positive(v):
     return None if v > 0 else "must be a positive integer"
 
@@ -163,6 +171,13 @@ _MODEL = [
        check=lambda v: ("must be at most 2,147,483,647 (token ids are int32 on the device)"
                         if v > INT32_MAX else None if v >= 0 else
                         "must be > 0, or 0 to take it from the tokenizer")),
+    # Derived where a run resolves its config (config/depth.py), never in the model: the
+    # saved config holds the derived sizes, so a changed depth is a changed shape.
+    _f("model.depth", 0, "0: the sizes as given | N: n_layers = N, and d_model, heads, d_ff, "
+       "learning rates, batch, weight decay and steps derived from N by config/depth.py's "
+       "rules, replacing the values given (the config as written is the reference they "
+       "scale; train.tokens_per_param=0 keeps train.steps)", FIXED,
+       check=lambda v: None if v >= 0 else "must be >= 0 (0: the sizes as given)"),
     _f("model.d_model", 128, "residual stream width", FIXED, check=_positive),
     _f("model.n_layers", 2, "transformer blocks", FIXED, check=_positive),
     _f("model.n_heads", 4, "attention (query) heads", FIXED, check=_positive),
@@ -236,6 +251,9 @@ _TRAIN = [
     _f("train.seed", 0, "seed of the initialisation and the batch order", CHANGE),
     _f("train.steps", 1000, "optimizer steps in all", CHANGE, check=_positive),
     _f("train.batch_size", 16, "sequences per step", CHANGE, check=_positive),
+    _f("train.tokens_per_param", 12.0, "model.depth > 0: train.steps from this many tokens "
+       "per matrix parameter of the blocks (nanochat's 12; Chinchilla ~20); 0: train.steps as "
+       "given (config/depth.py); unused at depth 0", CHANGE, check=_non_negative),
     # Another optimizer has another state: a checkpoint's cannot continue under it.
     _f("train.optimizer", "adamw", "adamw: AdamW for every parameter | muon: Muon for the "
        "blocks' hidden matrices, AdamW for embeddings, head, norms, biases (optimizer.py)",
@@ -286,8 +304,14 @@ _TRAIN = [
     _f("train.log_every", 10, "steps between metrics lines", FREE, check=_positive),
     _f("train.eval_every", 200, "steps between validation losses", FREE, check=_positive),
     _f("train.eval_batches", 8, "batches per validation loss", FREE, check=_positive),
-    _f("train.final_eval_batches", 0, "batches of the validation loss after the last step; "
-       "0: the whole validation split, every window once", FREE, check=_non_negative),
+    # A budget, not a share: the final evaluation costs the same on a 1 MB and a 200 MB corpus
+    # (2^18 tokens: 0.8-1.7 s more than a 1 MB corpus's whole split for configs/tiny.py on a
+    # busy 2-vCPU Zen 4, where 9.8M tokens took 59-84 s; docs/data.md), and it holds the quick
+    # start's whole split (37,760 tokens): its published losses are over the whole split still.
+    _f("train.eval_tokens", EVAL_TOKENS, "validation tokens the loss after the last step "
+       "scores: that many // max_seq_len windows (at least one) evenly spaced over the split, "
+       "the same in every run and seed; 0: the whole validation split, every window once",
+       FREE, check=_non_negative),
     _f("train.ckpt_every", 500, "steps between checkpoints", FREE, check=_positive),
     _f("train.keep_checkpoints", 3, "checkpoints kept on disk", FREE, check=_positive),
     _f("train.nonfinite", "stop", "what a NaN/inf loss or gradient does", FREE, NONFINITE),

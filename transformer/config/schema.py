@@ -248,7 +248,8 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
 def from_dict(values: dict) -> ml_collections.ConfigDict:
     """Rebuilds a config saved with `to_dict`, on top of today's defaults."""
     config = base_config()
-    config.update_from_flattened_dict(flatten(values))
+    flat = {k: v for k, v in flatten(values).items() if k not in fields.RETIRED}
+    config.update_from_flattened_dict(flat)
     return config
 
 

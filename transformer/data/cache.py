@@ -41,8 +41,9 @@ from transformer.data import prepare, prepared, sources, split, tokenizers
 from transformer.data.corpus import CorpusError
 
 # Of the key: a change to what is read or how it is split changes it, so no set prepared by
-# another version is reused. 2: one end token a document, split by document (split.py).
-FORMAT = 2
+# another version is reused. 2: one end token a document, split by document (split.py);
+# 3: the tail's cut document cut in its ids, not its text (prepare.Encoder.cut).
+FORMAT = 3
 
 
 def root() -> Path:

@@ -119,6 +119,19 @@ class Encoder:
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
         return [np.asarray(e.ids, np.int64) for e in encode(texts, add_special_tokens=False)]
 
+    def cut(self, head: str, rest: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the text head + rest, cut where `rest` begins: at the first token that
+        starts there or after (a token across the cut stays with the head). Encoding the two
+        apart is not always the whole's ids: a Metaspace tokenizer starts `rest` with a word
+        start "▁" that the whole has only after a space."""
+        if self.kind in ("byte", "char"):  # an id per byte or character: any cut keeps them
+            return self._direct(head), self._direct(rest)
+        whole = self.tok.encode(head + rest, add_special_tokens=False)
+        at = next((i for i, (start, _) in enumerate(whole.offsets) if start >= len(head)),
+                  len(whole.ids))
+        ids = np.asarray(whole.ids, np.int64)
+        return ids[:at], ids[at:]
+
     def _direct(self, text: str) -> np.ndarray:
         if self.kind == "byte":
             return np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
@@ -342,18 +355,34 @@ def _write(plan, folder: Path, tok, tokenizer_source, sample_bytes, learned, pro
     encode = Encoder(tok)
     eot = np.asarray([] if tok.eot is None else [tok.eot], np.int64)
     open_in = None  # the split holding the start of a document not yet ended
+    # The tail rule cuts one document's text where validation begins (split.py): its two
+    # parts' ids are the whole document's ids cut there (Encoder.cut). So a training unit
+    # that does not end its document waits for the next: a validation one is that cut.
+    tail, head = plan.rule.tail_from is not None, None
     for batch in _read_ahead(plan):
         texts = [text for text, _, _ in batch]
         for ids, (text, ends, split) in zip(encode(texts), batch):
+            nbytes = len(text.encode("utf-8", "surrogatepass"))
+            if head is not None:
+                if split == "val":
+                    first, ids = encode.cut(head[0], text)
+                    head = (head[0], first, head[2])
+                writers["train"].add(head[1], head[2])
+                head = None
+            if tail and split == "train" and not ends:
+                head, open_in = (text, ids, nbytes), split
+                continue
             if open_in not in (None, split):  # the document goes on in the other split
                 writers[open_in].end(document=False)
             if ends:  # one end token a document, after its last piece
                 ids = np.concatenate([ids, eot])
-            writers[split].add(ids, len(text.encode("utf-8", "surrogatepass")))
+            writers[split].add(ids, nbytes)
             if ends:
                 writers[split].end(document=True)
             open_in = None if ends else split
         bar.show(sum(w.tokens for w in writers.values()))
+    if head is not None:  # (never: the tail rule leaves text after its cut)
+        writers["train"].add(head[1], head[2])
     if open_in is not None:
         writers[open_in].end(document=False)
     splits = {s: w.close() for s, w in writers.items()}

@@ -153,9 +153,20 @@ class PreparedSet:
 
     def batch(self, seed: int, split: str, index: int, batch_size: int, rows=None) -> dict:
         """Batch `index`, or only its `rows`: row r is window index·batch_size + r."""
-        T = self.seq_len
         rows = np.arange(batch_size) if rows is None else np.asarray(list(rows), np.int64)
-        w = self.window_numbers(seed, split, index * batch_size + rows)
+        return self.read_windows(split, self.window_numbers(seed, split, index * batch_size + rows))
+
+    def eval_windows(self, tokens: int) -> np.ndarray:
+        """The validation windows an evaluation of `tokens` tokens scores (train.eval_tokens):
+        tokens // seq_len of them (at least one), evenly spaced over the split in file order,
+        so every run and every seed scores the same ones; every window when that is all of
+        them or more, or when `tokens` is 0 (the whole split)."""
+        return spaced(self.windows["val"], max(1, tokens // self.seq_len) if tokens else 0)
+
+    def read_windows(self, split: str, w: np.ndarray) -> dict:
+        """The rows of windows `w` (window numbers of `split`, in file order) as a batch."""
+        T = self.seq_len
+        w = np.asarray(w, np.int64)
         shard = np.searchsorted(self.starts[split], w, side="right") - 1
         offset = (w - self.starts[split][shard]) * T
         maps = self.shards[split]
@@ -177,7 +188,17 @@ class PreparedSet:
                                    splits["train"]["bytes"] + splits["val"]["bytes"])
         return (f"{name} ({self.tokens('train'):,} train tokens = "
                 f"{train:,} windows of {T + 1}, {self.tokens('val'):,} val tokens; {held}); "
-                f"this run reads {epochs:.3g} epochs{repeat}")
+                f"this run reads {epochs:.3g} epochs{repeat}; {self.scored(t.eval_tokens)}")
+
+    def scored(self, tokens: int) -> str:
+        """What the final evaluation scores (train.eval_tokens), for the data line."""
+        n, k, T = self.windows["val"], len(self.eval_windows(tokens)), self.seq_len
+        if k == n:
+            why = "train.eval_tokens=0" if not tokens else \
+                f"within train.eval_tokens={tokens:,}"
+            return f"the final val loss scores the whole val split ({n * T:,} tokens, {why})"
+        return (f"the final val loss scores {k * T:,} val tokens of {n * T:,} ({k:,} evenly "
+                f"spaced windows of {n:,}, the same every run; train.eval_tokens=0: all)")
 
 
 class _Shard:
@@ -206,6 +227,14 @@ class _Shard:
             _close(self.fd)
         except (OSError, AttributeError):
             pass
+
+
+def spaced(n: int, k: int) -> np.ndarray:
+    """k window numbers evenly spaced over range(n) (window floor(i·n/k) for i < k), or all n
+    when k is 0 or at least n. Depends on n and k alone: no seed."""
+    if k <= 0 or k >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.arange(k, dtype=np.int64) * n // k
 
 
 def permute(x: np.ndarray, n: int, key) -> np.ndarray:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import ml_collections
 
-from transformer.config import ConfigError, ModelConfig, fields, flatten, validate
+from transformer.config import (ConfigError, ModelConfig, depth, fields, flatten, replace,
+                                validate)
 from transformer.data import durable
 from transformer.model import flops
 from transformer.model.sizes import human, model_config_of
@@ -47,6 +48,12 @@ def ladder(n_layers, aspect: int, head_dim: int, mlp_ratio: int = 4) -> list[dic
         sizes.append(dict(name=f"L{L}-d{d}", n_layers=L, d_model=d, n_heads=d // head_dim,
                           d_ff=mlp_ratio * d))
     return sizes
+
+
+def depths(values) -> list[dict]:
+    """Sizes that differ only by model.depth: each derives its width, heads, rates and batch
+    from its depth by config/depth.py's rules, with the base config as the reference."""
+    return [dict(name=f"D{L}", depth=L) for L in values]
 
 
 def sweep_config(base, sizes, budget_kind: str, budgets, variants=()) -> ml_collections.ConfigDict:
@@ -143,6 +150,10 @@ def members(sweep) -> list[Member]:
         config = ml_collections.ConfigDict(sweep.base.to_dict())
         _apply_variant(config, variant)
         config.model.update({k: v for k, v in size.items() if k != "name"})
+        if config.model.depth:  # a depth ladder: the depth's sizes, rates and batch
+            # (config/depth.py); the budget sets the steps, which its run then keeps
+            # (tokens_per_param=0: the other rules do not read the ratio).
+            config = depth.derive(validate(replace(config, **{"train.tokens_per_param": 0})))
         model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
         if kind == "tokens":
             tokens = value
@@ -188,9 +199,9 @@ def _short(value) -> str:
 
 
 # Free on a resumed run, but not within a sweep: the final validation loss the report fits is
-# measured over train.final_eval_batches, and the padded vocabulary's head is in the FLOPs an
+# measured over train.eval_tokens, and the padded vocabulary's head is in the FLOPs an
 # IsoFLOP member is sized by. Members finished before and after such a change would not compare.
-NOT_FREE_IN_A_SWEEP = ("train.final_eval_batches", "model.vocab_multiple")
+NOT_FREE_IN_A_SWEEP = ("train.eval_tokens", "model.vocab_multiple")
 
 
 def free_in_a_sweep(key: str) -> bool:

@@ -6,6 +6,13 @@
     sizes.py                     parameters, FLOPs and memory of any config, without allocating
     visualize.py                 attention maps of a trained run
     explain.py                   one head's attention arithmetic, step by step, on real numbers
+    prepare.py, cache.py         tokenize a corpus into shards; the data cache
+    trace.py                     where a train.profile trace's step time went, per op
+    records.py                   docs/records/*.jsonl rendered as docs/records.md
+    nanogpt_side_by_side.py      the quick start and nanoGPT's CPU recipe on the same bytes
+    speedrun_steptime.py         step time of speedrun candidates, side by side in one process
+    lr_transfer.py               the lr-transfer figure of docs/scaling.md
+    zh_ru_corpus.py              the Chinese/Russian toy corpus of docs/inside.md
 
 May import anything in the package; nothing imports them.
 """

@@ -76,6 +76,8 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens before decod
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens to decode.")
 _F32_MATMUL = flags.DEFINE_enum("f32_matmul", "fast_f32", ["plain", "fast_f32"],
                                 "model.matmul of the float32 training mode.")
+_RECORD = flags.DEFINE_string("record", None, "Append the figures as one line to this JSON "
+                               "Lines file (docs/records/bench.jsonl; docs/records.md).")
 _MODES = flags.DEFINE_list("modes", ["f32", "bf16"], "Training modes: f32 and/or bf16.")
 
 
@@ -453,6 +455,14 @@ def main(argv):
                         f32_matmul=_F32_MATMUL.value, modes=modes)
     result = run(cli.config_value(_CONFIG), settings, log)
     print(json.dumps(result.to_json()) if _JSON.value else format_table(result))
+    if _RECORD.value:
+        from transformer.tools import records
+        figures = {k: v for k, v in result.to_json().items()
+                   if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        records.append(_RECORD.value, records.record(
+            {"cpu": result.machine["cpu"], "cores": result.machine["cpu_count"]},
+            "python -m transformer bench " + " ".join(sys.argv[1:]),
+            [result.config["train"]["seed"]], figures))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m transformer sizes --config=configs/gpt3_175b.py          # ~175B params, instantly
     python -m transformer sizes --config=configs/tiny.py --json
     python -m transformer sizes --config=configs/default.py --batch=8 --kv_dtype=bfloat16
+    python -m transformer sizes --config=configs/default.py --config.model.depth=8   # derived
 
 The figures come from `transformer/model/sizes.py` (arithmetic in `model/flops.py`, checked
 against the real parameter tree built with `jax.eval_shape`).
@@ -16,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.config import validate
+from transformer.config import depth, validate
 from transformer.model import flops
 from transformer.model.sizes import model_config_of, report, summary
 
@@ -37,15 +38,21 @@ def _main():
             cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
         if flags.FLAGS["config"].value is None:
             cli.fail("--config=PATH is required, e.g. --config=configs/gpt3_175b.py")
-        config = validate(cli.config_value(config_flag))
+        config = validate(depth.derive(validate(cli.config_value(config_flag))))
         c = model_config_of(config)
         batch = config.train.batch_size if batch_flag.value is None else batch_flag.value
         if batch <= 0:
             cli.fail(f"--batch={batch}: must be a positive integer")
+        derived = depth.describe(config)
         if json_flag.value:
-            print(json.dumps(report(c, batch, kv_flag.value), indent=2))
+            out = report(c, batch, kv_flag.value)
+            if derived:
+                out["depth"] = {"depth": config.model.depth, **depth.derived(config)}
+            print(json.dumps(out, indent=2))
         else:
             print(summary(c, batch, kv_flag.value))
+            if derived:
+                print(derived)
 
     cli.run(main)
 

@@ -31,7 +31,8 @@ from transformer.train import optimizer, signals
 from transformer.train.faults import NonFiniteGuard, TestHooks
 from transformer.train.metrics import MetricsLog, Progress, Throughput
 from transformer.train.profile import NO_TRACE, StepTrace
-from transformer.train.trainer import Trainer, bits_per_byte, compute_precision, evaluate
+from transformer.train.trainer import (Trainer, bits_per_byte, compute_precision, evaluate,
+                                       evaluate_final)
 
 
 class Reporter:
@@ -138,11 +139,11 @@ class Loop:
         if evaluating or saving:
             reporter.flush()  # about to sync anyway
         if evaluating:
-            final = done == t.steps  # the run's last number: over the whole split by default
+            # The run's last number: train.eval_tokens, the same windows whatever the seed.
+            score = evaluate_final if done == t.steps else evaluate
             began = time.perf_counter()
             with reporter.meter.paused():  # evaluation time is not training throughput
-                val_loss = evaluate(self.trainer, state.params, self.source, t.seed,
-                                    t.final_eval_batches if final else t.eval_batches)
+                val_loss = score(self.trainer, state.params, self.source, t.seed)
             self.eval_seconds += time.perf_counter() - began
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=reporter.tokens_at(done),

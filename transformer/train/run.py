@@ -25,7 +25,7 @@ import jax
 
 from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer.config import ModelConfig, resume
+from transformer.config import ModelConfig, depth, resume
 from transformer.hf import load as hf_import
 from transformer.model import flops, sizes
 from transformer.model.gpt import count_params
@@ -171,6 +171,7 @@ def summary(config, params, tokenizer, corpus_desc: str) -> str:
     m = config.model
     window = f", window {m.sliding_window}" if m.sliding_window else ""
     lines = [sizes.summary(model_config, batch=t.batch_size, check=False),
+             *filter(None, [depth.describe(config)]),
              f"variant: {m.position} positions, {m.norm_placement}-{m.norm}, {m.mlp} MLP, "
              f"{model_config.kv_heads} K/V heads, {m.attention_kernel} attention{window}"]
     counted, real = flops.param_counts(model_config)["total"], count_params(params)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer.config import ConfigError, resume
+from transformer.config import ConfigError, depth, resume
 from transformer.hf import load as hf_load
 from transformer.model import kernels
 from transformer.model.kernels import auto
@@ -37,11 +37,13 @@ from transformer.train.workdir import WorkdirLock
 
 
 def resolve_config(config, platform: str | None = None):
-    """(this run's own validated copy of `config` with `model.matmul=auto` made concrete for
-    `platform` (the mesh's devices; default this host's backend), and
-    `train.muon_ns_dtype=auto` after it, the auto.Choice saying why); the caller's config is
-    left as it is."""
-    config, choice = auto.resolve(config_lib.replace(config_lib.validate(config)), platform)
+    """(this run's own validated copy of `config` with what model.depth derives filled in,
+    `model.matmul=auto` made concrete for `platform` (the mesh's devices; default this host's
+    backend) and `train.muon_ns_dtype=auto` after it, the auto.Choice saying why); the
+    caller's config is left as it is."""
+    # model.depth's sizes, rates, batch and horizon: derived here, once (config/depth.py).
+    config = config_lib.validate(depth.derive(config_lib.validate(config)))
+    config, choice = auto.resolve(config_lib.replace(config), platform)
     if config.train.muon_ns_dtype == "auto":
         config = config_lib.replace(config, **{"train.muon_ns_dtype":
                                                kernels.compute_dtype(config.model)})

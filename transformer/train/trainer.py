@@ -2,7 +2,8 @@
 
     trainer = Trainer.build(config, mesh)        compiles step.train_step for the mesh
     state', metrics = trainer.step_fn(state, batch)        state buffers donated
-    val_loss = evaluate(trainer, params, source, seed)
+    val_loss = evaluate(trainer, params, source, seed)          eval_batches of the seed's order
+    val_loss = evaluate_final(trainer, params, source, seed)    train.eval_tokens, fixed windows
 
 The loop around the step, checkpoints and resuming live in run.py (start.py, loop.py).
 
@@ -123,16 +124,22 @@ class Trainer:
             checkpoint.precompile_fingerprint(state.params)
             checkpoint.precompile_fingerprint({"step": state.step, "opt_state": state.opt_state})
 
-    def batch(self, source, seed: int, split: str, index: int, windows=None) -> dict:
-        """Batch `index` as global arrays; this process builds only the rows it holds.
-        `windows`: rows past the first `windows` windows of the split (row r of batch i is
-        window i·B + r) count nothing (weight 0): the last, partial batch of a whole split."""
+    def batch(self, source, seed: int, split: str, index: int) -> dict:
+        """Batch `index` as global arrays; this process builds only the rows it holds."""
         B, T = self.config.train.batch_size, self.config.model.max_seq_len
         rows = sharding.process_rows(self.batch_sharding, B, T)
-        local = source.batch(seed, split, index, B, rows=rows)
-        if windows is not None:
-            past = index * B + np.asarray(rows) >= windows
-            local["weights"] = np.where(past[:, None], 0.0, local["weights"]).astype(np.float32)
+        return sharding.put_batch(source.batch(seed, split, index, B, rows=rows),
+                                  self.batch_sharding, B)
+
+    def windows_batch(self, source, windows: np.ndarray, index: int) -> dict:
+        """Batch `index` of the validation windows `windows` (row r is windows[index·B + r]);
+        rows past their end (the last, partial batch) repeat the last window and count
+        nothing (weight 0). This process builds only the rows it holds."""
+        B, T = self.config.train.batch_size, self.config.model.max_seq_len
+        at = index * B + np.asarray(sharding.process_rows(self.batch_sharding, B, T), np.int64)
+        local = source.read_windows("val", windows[np.minimum(at, len(windows) - 1)])
+        local["weights"] = np.where((at >= len(windows))[:, None], 0.0,
+                                    local["weights"]).astype(np.float32)
         return sharding.put_batch(local, self.batch_sharding, B)
 
 
@@ -141,29 +148,28 @@ def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
     return loss_nats / math.log(2) * tokens_per_byte
 
 
-def val_windows(source) -> int | None:
-    """Windows in the validation split, or None for a source without a fixed one (the
-    synthetic tasks draw new rows for every batch)."""
-    windows = getattr(source, "windows", None)
-    return None if windows is None else int(windows["val"])
-
-
 def evaluate(trainer: Trainer, params, source, seed: int, batches: int | None = None) -> float:
     """Mean validation loss (nats per token) over `batches` held-out batches (default
-    `train.eval_batches`); 0: the whole validation split, every window exactly once (the
-    first epoch of its order, the last batch cut to the windows left), weighted by tokens."""
+    `train.eval_batches`) of the seed's order: the evaluations during training."""
+    batches = trainer.config.train.eval_batches if batches is None else batches
+    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
+              for i in range(batches)]
+    return float(np.mean(jax.device_get(losses)))
+
+
+def evaluate_final(trainer: Trainer, params, source, seed: int,
+                   tokens: int | None = None) -> float:
+    """The run's last validation loss (nats per token): the windows `source.eval_windows`
+    picks for `tokens` validation tokens (default `train.eval_tokens`; 0: every window once),
+    the same whatever the seed, weighted by tokens. A source without a fixed validation split
+    (the synthetic tasks) scores `train.eval_batches` batches of the seed's instead."""
     t = trainer.config.train
-    batches = t.eval_batches if batches is None else batches
-    n = val_windows(source) if batches == 0 else None
-    if batches == 0 and n is None:
-        batches = t.eval_batches
-    if n is None:
-        losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i))
-                  for i in range(batches)]
-        return float(np.mean(jax.device_get(losses)))
-    B = t.batch_size
+    if not hasattr(source, "eval_windows"):
+        return evaluate(trainer, params, source, seed)
+    windows = source.eval_windows(t.eval_tokens if tokens is None else tokens)
+    n, B = len(windows), t.batch_size
     count = math.ceil(n / B)
-    losses = [trainer.eval_fn(params, trainer.batch(source, seed, "val", i, windows=n))
+    losses = [trainer.eval_fn(params, trainer.windows_batch(source, windows, i))
               for i in range(count)]
     rows = np.minimum(B, n - B * np.arange(count))  # every row holds the same T tokens
     return float(np.sum(np.asarray(jax.device_get(losses), np.float64) * rows) / n)

@@ -1,7 +1,7 @@
 """Prints a toy corpus of short Chinese and Russian sentences (about 420 KB, the same every
 time), for the attention maps in docs/inside.md:
 
-    python docs/zh_ru_corpus.py > zh_ru.txt
+    python -m transformer.tools.zh_ru_corpus > zh_ru.txt
 """
 
 import random
@@ -17,10 +17,16 @@ RU = (["Они", "Учителя", "Студенты", "Кошки", "Люди �
        "механизм внимания", "весенний ветер"],
       [".", "!", ", потому что это интересно.", ", а потом отдыхают.", " и хотят учить других."])
 
-rng = random.Random(0)
-for _ in range(6000):
-    if rng.random() < 0.5:
-        print("".join(rng.choice(part) for part in ZH))
-    else:
-        subject, verb, obj, end = (rng.choice(part) for part in RU)
-        print(f"{subject} {verb} {obj}{end}")
+
+def main():
+    rng = random.Random(0)
+    for _ in range(6000):
+        if rng.random() < 0.5:
+            print("".join(rng.choice(part) for part in ZH))
+        else:
+            subject, verb, obj, end = (rng.choice(part) for part in RU)
+            print(f"{subject} {verb} {obj}{end}")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 configs/scaling/lr_transfer.py:
 
     python -m transformer scaling --sweep=configs/scaling/lr_transfer.py --workdir=runs/lr_transfer
-    python docs/lr_transfer.py runs/lr_transfer docs/lr_transfer.png    # prints the table
+    python -m transformer.tools.lr_transfer runs/lr_transfer docs/lr_transfer.png    # prints the table
 
 Final val loss against the peak lr, one curve per size, left without the width rule
 (train.lr_base_width=0), right with it (16: the smallest width). At the base width the rule's

@@ -1,7 +1,7 @@
 """The quick start and nanoGPT's README CPU recipe, one after the other, on the same bytes.
 
-    python tools/nanogpt_side_by_side.py --nanogpt=path/to/nanoGPT       # a checkout of it
-    python tools/nanogpt_side_by_side.py --nanogpt=... --ours=--config.train.steps=300
+    python -m transformer.tools.nanogpt_side_by_side --nanogpt=path/to/nanoGPT   # a checkout of it
+    python -m transformer.tools.nanogpt_side_by_side --nanogpt=... --ours=--config.train.steps=300
 
 1. runs this project's `python train.py` (the README's first command's training, in a fresh
    workdir and a fresh data cache, so it prepares the quick start's data itself) and times it;
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
 # nanoGPT README's "I only have a macbook" CPU command, word for word (its config file and flags).
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
@@ -61,6 +61,8 @@ _DATA = flags.DEFINE_enum(
     "nanogpt_data", "byte", ["byte", "ours"],
     "What nanoGPT trains on: byte, the same text as byte tokens (its recipe is character-level; "
     "the published comparison), or ours, our run's own prepared set (its tokenizer).")
+_RECORD = flags.DEFINE_string("record", None, "Append the result as one line to this JSON "
+                               "Lines file (docs/records/side_by_side.jsonl; docs/records.md).")
 _WORK = flags.DEFINE_string("work", None, "Scratch folder (default: a temporary one, removed).")
 
 
@@ -248,6 +250,22 @@ def report(r: dict) -> str:
     ])
 
 
+def as_record(r: dict, argv: list[str]) -> dict:
+    """The result as one docs/records/side_by_side.jsonl line (transformer.tools.records)."""
+    from transformer.tools import records
+    o, n = r["ours"], r["nanogpt"]
+    seed = [int(f.split("=", 1)[1]) for f in o["command"].split()
+            if f.startswith("--config.train.seed=")]
+    figures = {"ours_val_loss": round(o["nats_per_byte"], 4), "ours_wall_s": round(o["wall_s"], 1),
+               "ours_train_s": o["train_s"], "nanogpt_val_loss": round(n["nats_per_byte"], 4),
+               "nanogpt_wall_s": round(n["wall_s"], 1),
+               "loss_ratio": round(o["nats_per_byte"] / n["nats_per_byte"], 3),
+               "wall_ratio": round(o["wall_s"] / n["wall_s"], 3)}
+    return records.record({"cpu": r["cpu"], "cores": os.cpu_count()},
+                          "python -m transformer.tools.nanogpt_side_by_side " + " ".join(argv),
+                          seed[-1:] or [0], figures, f"nanoGPT data: {r['nanogpt_data']}")
+
+
 def main(argv):
     if len(argv) > 1:
         raise SystemExit(f"error: unexpected arguments {argv[1:]}")
@@ -266,6 +284,9 @@ def main(argv):
                                   _DATA.value)
     print(report(result))
     print(json.dumps(result))
+    if _RECORD.value:
+        from transformer.tools import records
+        records.append(_RECORD.value, as_record(result, sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""The depth ladder: the quick start's block and optimizer (configs/default.py) at depths 2..6,
+members that differ only by model.depth. Use it for a scaling study of the default recipe.
+
+    python -m transformer scaling --sweep=configs/scaling/depth_ladder.py --workdir=runs/depth
+    python -m transformer sizes --config=configs/default.py --config.model.depth=6   # a member
+
+Each depth derives sizes, rates, batch and decay from the quick start (depth 4) by the rules in
+transformer/config/depth.py; the budget is 12 tokens per non-embedding parameter (0.8M tokens
+at depth 2 to 21M at depth 6): hours on 2 CPU cores.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from transformer.scaling.sweep import depths, sweep_config
+
+DEPTHS = (2, 3, 4, 5, 6)
+TOKENS_PER_PARAM = 12
+
+
+def quick_start():
+    """configs/default.py's config, loaded by its path (configs/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "default.py"
+    spec = importlib.util.spec_from_file_location("quick_start_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config():
+    base = quick_start()
+    base.train.update(eval_every=1000, ckpt_every=1000)
+    return sweep_config(base, depths(DEPTHS), budget_kind="chinchilla",
+                        budgets=[TOKENS_PER_PARAM])
