@@ -30,32 +30,33 @@ from pathlib import Path
 
 GiB = 2**30
 
-# Per-chip facts, each from its public source. Interconnect: one direction's bandwidth per chip
+# Per-chip facts, each from its public source (HBM bandwidth hbm_bw from the same pages, in
+# bytes/s: what bounds a decode step, which reads every weight once). Interconnect: one direction's bandwidth per chip
 # over all its links (Cloud TPU's "interchip interconnect" Gbps / 8, half the "bidirectional"
 # GBps of its newer pages; NVLink's total / 2): the roofline divides per-chip collective bytes
 # by it.
 CHIPS = {
     # https://cloud.google.com/tpu/docs/v4: 275 TFLOPs bf16, 32 GiB HBM2; ICI 2400 Gbps
     # (the v4 column of https://cloud.google.com/blog/products/ai-machine-learning/introducing-cloud-tpu-v5p-and-ai-hypercomputer)
-    "v4": dict(kind="TPU v4", hbm=32 * GiB, peak=275e12, link=2400e9 / 8),
+    "v4": dict(kind="TPU v4", hbm=32 * GiB, peak=275e12, link=2400e9 / 8, hbm_bw=1200e9),
     # https://cloud.google.com/tpu/docs/v5e: 197 TFLOPs bf16, 16 GB HBM, ICI 1600 Gbps
     # (400 GBps bidirectional)
-    "v5e": dict(kind="TPU v5 lite", hbm=16 * GiB, peak=197e12, link=1600e9 / 8),
+    "v5e": dict(kind="TPU v5 lite", hbm=16 * GiB, peak=197e12, link=1600e9 / 8, hbm_bw=819e9),
     # https://cloud.google.com/tpu/docs/v5p: 459 TFLOPs bf16, 95 GiB HBM2e, ICI 4800 Gbps
     # (1200 GBps bidirectional)
-    "v5p": dict(kind="TPU v5", hbm=95 * GiB, peak=459e12, link=4800e9 / 8),
+    "v5p": dict(kind="TPU v5", hbm=95 * GiB, peak=459e12, link=4800e9 / 8, hbm_bw=2765e9),
     # https://cloud.google.com/tpu/docs/v6e: 918 TFLOPs bf16, 32 GB HBM, ICI 3200 Gbps
     # (800 GBps bidirectional)
-    "v6e": dict(kind="TPU v6 lite", hbm=32 * GiB, peak=918e12, link=3200e9 / 8),
+    "v6e": dict(kind="TPU v6 lite", hbm=32 * GiB, peak=918e12, link=3200e9 / 8, hbm_bw=1640e9),
     # https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM): 80 GB HBM3, bf16 989 TFLOPS
     # dense (the datasheet's 1,979 is with sparsity), NVLink 900 GB/s
-    "h100": dict(kind="NVIDIA H100", hbm=80 * GiB, peak=989e12, link=900e9 / 2),
+    "h100": dict(kind="NVIDIA H100", hbm=80 * GiB, peak=989e12, link=900e9 / 2, hbm_bw=3.35e12),
     # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM): 141 GB HBM3e, bf16 989 TFLOPS
     # dense, NVLink 900 GB/s
-    "h200": dict(kind="NVIDIA H200", hbm=141e9, peak=989e12, link=900e9 / 2),
+    "h200": dict(kind="NVIDIA H200", hbm=141e9, peak=989e12, link=900e9 / 2, hbm_bw=4.8e12),
     # https://www.nvidia.com/en-us/data-center/a100/ (A100 80GB SXM): 80 GB HBM2e, bf16 312
     # TFLOPS dense, NVLink 600 GB/s
-    "a100": dict(kind="NVIDIA A100", hbm=80 * GiB, peak=312e12, link=600e9 / 2),
+    "a100": dict(kind="NVIDIA A100", hbm=80 * GiB, peak=312e12, link=600e9 / 2, hbm_bw=2.039e12),
 }
 TPUS = ("v4", "v5e", "v5p", "v6e")
 GPUS = ("h100", "h200", "a100")
@@ -77,6 +78,7 @@ class Target:
     hbm_bytes: float | None      # per chip; None: unknown (the host)
     peak_flops: float | None     # bf16 FLOP/s per chip
     link_bytes_s: float | None   # interconnect bandwidth per chip, one direction
+    hbm_bytes_s: float | None = None  # HBM bandwidth per chip
 
     @property
     def chips(self) -> int:
@@ -140,7 +142,7 @@ def tpu(chip: str, shape: str) -> Target:
     devices = tuple(desc.devices)
     facts = CHIPS[chip]
     return Target(f"{chip}:{shape}", "tpu", devices, len({d.process_index for d in devices}),
-                  facts["hbm"], facts["peak"], facts["link"])
+                  facts["hbm"], facts["peak"], facts["link"], facts["hbm_bw"])
 
 
 def gpu_target_config(chip: str) -> str:
@@ -167,7 +169,7 @@ def gpu(chip: str, shape: str, target_config: str) -> Target:
         raise TargetError(f"--target={chip}:{shape}: {_first_line(e)}") from None
     facts = CHIPS[chip]
     return Target(f"{chip}:{shape}", "gpu", tuple(desc.devices), slices * hosts,
-                  facts["hbm"], facts["peak"], facts["link"])
+                  facts["hbm"], facts["peak"], facts["link"], facts["hbm_bw"])
 
 
 def _need_cuda(chip: str, shape: str) -> None:

@@ -297,6 +297,12 @@ def compile_decode(config, target, batch: int, prompt_len: int, max_new_tokens: 
     est = sum(b for _, b in _shard_bytes(params)) + sum(b for _, b in _shard_bytes(cache))
     biggest = sorted(_shard_bytes({"params": params, "cache": cache}), key=lambda kv: -kv[1])[:3]
     report = _report(target, mesh, compiled, failure, seconds, flops_per_call, est, biggest)
+    if compiled is not None and target.hbm_bytes_s:
+        # each new token reads every weight and the cache once: HBM, not the MXU, bounds it
+        memory_s = budget * est / target.hbm_bytes_s
+        if memory_s > report.predicted_step_s:
+            report.predicted_mfu *= report.predicted_step_s / memory_s
+            report.predicted_step_s = memory_s
     report.program = (f"decode ({batch} rows, prompt {P}, {budget} new tokens; estimate: "
                       "params and KV cache)")
     report.unit = "call (a loop of unknown length counted once)"
@@ -370,8 +376,10 @@ def text(report: Report, target, lines: list[str]) -> str:
                        f"{gib(v['bytes'])} per chip (results)")
     if not any(v["count"] for v in report.collectives.values()):
         out.append("  collectives: none")
-    out.append(f"  roofline step time (upper bound on speed: compute at peak with remat's "
-               f"recompute, or the collectives at the links' bandwidth, the larger): "
+    bound = ("compute at peak with remat's recompute, or the collectives at the links' "
+             "bandwidth" + (", or each token's read of weights and cache from HBM"
+                            if report.unit != "step" else "") + ", the largest")
+    out.append(f"  roofline {report.unit.split()[0]} time (upper bound on speed: {bound}): "
                f"{report.predicted_step_s * 1e3:.4g} ms, MFU at most "
                f"{100 * report.predicted_mfu:.1f}%")
     out.append(f"  compiled in {report.compile_s:.1f} s")
