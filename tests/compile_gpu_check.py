@@ -6,7 +6,8 @@ Needs the CUDA plugin (`pip install -e ".[cuda12]"`), no GPU: JAX_PLATFORMS=cpu 
 plugin skip its driver check (without it, on a machine with no GPU, it registers no CUDA
 topology). tests/test_compile_gpu.py runs it and asserts on the JSON: for attention_kernel
 einsum and cudnn, the devices' kind, compile seconds, XLA's peak bytes per GPU and the
-custom calls to cuDNN's fused attention in the optimised HLO.
+custom calls to cuDNN's fused attention in the optimised HLO; and the device count and kind
+of every shipped target's 8-GPU topology (XLA parses each .txtpb).
 """
 
 import json
@@ -54,6 +55,12 @@ def main(out_path):
               "platform": devices[0].platform, "hbm_bytes": gpu_targets.chip("h100").hbm_bytes}
     for kernel in ("einsum", "cudnn"):
         report[kernel] = compile_step(devices, kernel)
+    # every shipped target parses as XLA's GpuTargetConfigProto and names its devices
+    report["targets"] = {}
+    for name in gpu_targets.names():
+        topology = topologies.get_topology_desc(
+            platform="cuda", target_config=gpu_targets.config_text(name), topology="1x1x8")
+        report["targets"][name] = [len(topology.devices), topology.devices[0].device_kind]
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -57,6 +57,12 @@ def test_the_h100_target_is_eight_h100s(report):
 
 
 @needs_plugin
+def test_every_shipped_target_is_one_xla_accepts(report):
+    assert report["targets"] == {name: [8, gpu_targets.chip(name).device_kind]
+                                 for name in gpu_targets.names()}
+
+
+@needs_plugin
 def test_the_tiny_step_compiles_for_h100_and_fits(report):
     for kernel in ("einsum", "cudnn"):
         r = report[kernel]
