@@ -17,7 +17,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import topologies
 
 from transformer.config import base_config, validate
 from transformer.parallel import gpu_targets, sharding
@@ -49,8 +48,7 @@ def compile_step(devices, attention_kernel: str, options=None) -> dict:
 
 
 def main(out_path):
-    devices = topologies.get_topology_desc(
-        platform="cuda", target_config=gpu_targets.config_text("h100"), topology="1x1x8").devices
+    devices = gpu_targets.devices("h100", "1x1x8")
     report = {"devices": len(devices), "kind": devices[0].device_kind,
               "platform": devices[0].platform, "hbm_bytes": gpu_targets.chip("h100").hbm_bytes}
     for kernel in ("einsum", "cudnn"):
@@ -58,9 +56,8 @@ def main(out_path):
     # every shipped target parses as XLA's GpuTargetConfigProto and names its devices
     report["targets"] = {}
     for name in gpu_targets.names():
-        topology = topologies.get_topology_desc(
-            platform="cuda", target_config=gpu_targets.config_text(name), topology="1x1x8")
-        report["targets"][name] = [len(topology.devices), topology.devices[0].device_kind]
+        each = gpu_targets.devices(name, "1x1x8")
+        report["targets"][name] = [len(each), each[0].device_kind]
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
 

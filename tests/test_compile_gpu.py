@@ -89,3 +89,16 @@ def test_target_files_and_facts_ship_with_the_package():
                                      "nvlink_bytes_per_s"}
     with pytest.raises(ValueError, match="known: a100, h100, h200"):
         gpu_targets.config_text("b200")
+
+
+def test_a_bad_gpu_target_is_one_line_saying_what_to_do():
+    """An unknown GPU, a topology not in XLA's form, and (where the plugin is missing) the
+    install line: each one line, before JAX is asked for anything."""
+    cases = [(("b200",), "unknown; known: a100, h100, h200"),
+             (("h100", "8"), "must be <partitions>x<hosts per partition>x<GPUs per host>")]
+    if importlib.util.find_spec("jax_cuda12_plugin") is None:
+        cases.append((("h100",), "needs the CUDA plugin: pip install 'jax[cuda12]==0.10.2'"))
+    for args, words in cases:
+        with pytest.raises(ValueError) as error:
+            gpu_targets.devices(*args)
+        assert words in str(error.value) and "\n" not in str(error.value), args

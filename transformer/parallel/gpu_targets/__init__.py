@@ -1,19 +1,23 @@
 """NVIDIA GPUs as compile targets: XLA's description of each chip, and the facts a plan needs.
 
     text = config_text("h100")              the GpuTargetConfigProto text (h100.txtpb)
-    jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=text,
-                                                  topology="1x1x8")   8 abstract H100s
+    devices("h100", "2x1x8")                abstract H100s: get_topology_desc(platform="cuda",
+                                            target_config=text, topology=...).devices
     chip("h100").hbm_bytes, .peak_bf16_flops, .nvlink_bytes_per_s     with .sources
 
-Compiling for them needs the CUDA plugin (`pip install "jax[cuda12]"`) and, on a machine
-without a GPU, JAX_PLATFORMS=cpu (the plugin then skips its device check; without it the
-topology fails at cuInit). The .txtpb files are package data; reading them imports no JAX.
-Every number is from NVIDIA's public documents, named in `sources` and in each file's header.
+A GPU topology is "<partitions>x<hosts per partition>x<GPUs per host>" (XLA's form);
+each device's process_index is its host. Compiling for them needs the CUDA plugin
+(`pip install "jax[cuda12]==0.10.2"`) and, on a machine without a GPU, JAX_PLATFORMS=cpu set
+before JAX starts (the plugin then skips its driver check; without it the plugin registers
+no CUDA topology). The .txtpb files are package data; reading them imports no JAX. Every
+number is from NVIDIA's public documents, named in `sources` and in each file's header.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
 from importlib import resources
 
 GIB = 2**30
@@ -96,3 +100,23 @@ def chip(name: str) -> GpuChip:
 def config_text(name: str) -> str:
     """The GpuTargetConfigProto text XLA compiles against for this GPU (the .txtpb file)."""
     return resources.files(__name__).joinpath(f"{_check(name)}.txtpb").read_text()
+
+
+def devices(name: str, topology: str = "1x1x8") -> list:
+    """The abstract devices of `topology` GPUs of this kind, to build a mesh over and compile
+    for (nothing runs on them). Raises ValueError, one line saying what to do, for a bad name
+    or topology, a missing CUDA plugin, or a plugin that registered no topology."""
+    key = _check(name)
+    if not re.fullmatch(r"[1-9]\d*x[1-9]\d*x[1-9]\d*", topology):
+        raise ValueError(f"GPU topology {topology!r}: must be <partitions>x<hosts per "
+                         f"partition>x<GPUs per host>, e.g. {key}:1x1x8 for one host of 8")
+    if importlib.util.find_spec("jax_cuda12_plugin") is None:
+        raise ValueError(f"compiling for {key} needs the CUDA plugin: pip install "
+                         f"'jax[cuda12]==0.10.2' (no GPU needed; run with JAX_PLATFORMS=cpu)")
+    from jax.experimental import topologies
+    try:
+        return list(topologies.get_topology_desc(platform="cuda", target_config=config_text(key),
+                                                 topology=topology).devices)
+    except NotImplementedError:
+        raise ValueError("the CUDA plugin registered no GPU topology (it found no GPU driver): "
+                         "set JAX_PLATFORMS=cpu before JAX starts") from None
