@@ -485,16 +485,22 @@ def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
     """(generate, new_cache, param_shardings) compiled for `batch` rows on `mesh`.
 
     generate takes the arguments of `_program` up to n (no stream id), except the key as raw
-    key data; all but params and cache are replicated. A batch the batch axes cannot split
+    key data; all but params and cache are replicated. The params come in as trained (split
+    over fsdp and tensor: param_shardings) and are gathered over fsdp once, at the program's
+    top (`sharding.decode_rules`), not at every token. A batch the batch axes cannot split
     evenly (one prompt on eight devices) is not split; the heads still are.
     """
+    param_sh = sharding.param_shardings(config, mesh, rules)  # as trained (split over fsdp)
     rules = sharding.decode_rules(rules, mesh, batch)
-    param_sh = sharding.param_shardings(config, mesh, rules)
+    gathered_sh = sharding.param_shardings(config, mesh, rules)
     cache_sh = sharding.cache_shardings(config, mesh, rules)
     rep = sharding.replicated(mesh)
 
     def program(params, cache, prompt_BP, start_B, key_data, temperature, top_k, top_p, eos_id,
                 n):
+        # Gathered here, once a call: left split over fsdp, the weights are loop inputs and
+        # XLA gathers every one of them inside the loop, at every token.
+        params = jax.lax.with_sharding_constraint(params, gathered_sh)
         return _generate_tokens(params, cache, prompt_BP, start_B,
                                 jax.random.wrap_key_data(key_data), temperature, top_k, top_p,
                                 eos_id, n, jnp.int32(0), jnp.int32(0), jnp.min(start_B),

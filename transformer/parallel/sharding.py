@@ -238,8 +238,16 @@ def put_batch(local_batch: dict, sharding: NamedSharding, batch_size: int) -> di
 
 
 def decode_rules(rules, mesh: Mesh, batch: int):
-    """The rules for decoding `batch` rows: when the batch axes cannot split the rows evenly
-    (one prompt on eight devices) the batch is not split; heads still are."""
+    """The rules inside a program that decodes `batch` rows. Weights and activations are
+    copied over `fsdp` (split over `tensor` as in training): a decode step is one token per
+    row, so a weight left split over fsdp would be gathered again at every token of the loop
+    (the program gathers each one once, at its top; each device then holds 1/tensor of the
+    model, as on a tensor-only mesh). The rows stay split over the batch axes, unless those
+    cannot split them evenly (one prompt on eight devices): then the batch is not split;
+    heads still are."""
+    keep = ("batch", "cache_batch", "length")
+    rules = tuple((name, axes if name in keep or not axes else
+                   tuple(a for a in axes if a != "fsdp") or None) for name, axes in rules)
     if batch % shards(mesh, rules, "batch") == 0 and batch % shards(mesh, rules, "cache_batch") == 0:
         return rules
     return tuple((name, None if name in ("batch", "cache_batch") else axes)
