@@ -26,11 +26,11 @@ import os
 import re
 import sys
 import tempfile
-from pathlib import Path
 
 GiB = 2**30
 
-# Per-chip facts, each from its public source (HBM bandwidth hbm_bw from the same pages, in
+# Per-chip TPU facts, each from its public source (GPUs': parallel/gpu_targets, beside the
+# XLA target configs) (HBM bandwidth hbm_bw from the same pages, in
 # bytes/s: what bounds a decode step, which reads every weight once). Interconnect: one direction's bandwidth per chip
 # over all its links (Cloud TPU's "interchip interconnect" Gbps / 8, half the "bidirectional"
 # GBps of its newer pages; NVLink's total / 2): the roofline divides per-chip collective bytes
@@ -48,19 +48,9 @@ CHIPS = {
     # https://cloud.google.com/tpu/docs/v6e: 918 TFLOPs bf16, 32 GB HBM, ICI 3200 Gbps
     # (800 GBps bidirectional)
     "v6e": dict(kind="TPU v6 lite", hbm=32 * GiB, peak=918e12, link=3200e9 / 8, hbm_bw=1640e9),
-    # https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM): 80 GB HBM3, bf16 989 TFLOPS
-    # dense (the datasheet's 1,979 is with sparsity), NVLink 900 GB/s
-    "h100": dict(kind="NVIDIA H100", hbm=80 * GiB, peak=989e12, link=900e9 / 2, hbm_bw=3.35e12),
-    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM): 141 GB HBM3e, bf16 989 TFLOPS
-    # dense, NVLink 900 GB/s
-    "h200": dict(kind="NVIDIA H200", hbm=141e9, peak=989e12, link=900e9 / 2, hbm_bw=4.8e12),
-    # https://www.nvidia.com/en-us/data-center/a100/ (A100 80GB SXM): 80 GB HBM2e, bf16 312
-    # TFLOPS dense, NVLink 600 GB/s
-    "a100": dict(kind="NVIDIA A100", hbm=80 * GiB, peak=312e12, link=600e9 / 2, hbm_bw=2.039e12),
 }
 TPUS = ("v4", "v5e", "v5p", "v6e")
 GPUS = ("h100", "h200", "a100")
-GPU_TARGETS = Path(__file__).parent / "gpu_targets"
 TPU_INSTALL = 'pip install -e ".[compile]" (libtpu: jax[tpu]==0.10.2)'
 CUDA_INSTALL = 'pip install -e ".[cuda12]", and run with JAX_PLATFORMS=cpu'
 
@@ -109,7 +99,7 @@ def parse(name: str) -> Target:
     plugin."""
     match = _NAME.match(name.strip().lower())
     names = ", ".join(f"{c}:..." for c in TPUS + GPUS)
-    if not match or match["chip"] not in CHIPS:
+    if not match or match["chip"] not in TPUS + GPUS:
         raise TargetError(f"--target={name}: not a target name; one of {names} with a "
                           "topology such as v5e:2x2, v5p:8x8x16, v6e:16x16, h100:1x1x8")
     chip, shape = match["chip"], match["shape"]
@@ -146,11 +136,9 @@ def tpu(chip: str, shape: str) -> Target:
 
 
 def gpu_target_config(chip: str) -> str:
-    """The GpuTargetConfigProto text shipped for `chip` (transformer/parallel/gpu_targets/)."""
-    path = GPU_TARGETS / f"{chip}.txtpb"
-    if not path.is_file():
-        raise TargetError(f"no GPU target config for {chip}: {path} is missing")
-    return path.read_text()
+    """The GpuTargetConfigProto text shipped for `chip` (parallel/gpu_targets/<chip>.txtpb)."""
+    from transformer.parallel import gpu_targets
+    return gpu_targets.config_text(chip)
 
 
 def gpu(chip: str, shape: str, target_config: str) -> Target:
@@ -167,9 +155,11 @@ def gpu(chip: str, shape: str, target_config: str) -> Target:
                                             topology=shape)
     except Exception as e:  # noqa: BLE001
         raise TargetError(f"--target={chip}:{shape}: {_first_line(e)}") from None
-    facts = CHIPS[chip]
+    from transformer.parallel import gpu_targets
+    facts = gpu_targets.chip(chip)
     return Target(f"{chip}:{shape}", "gpu", tuple(desc.devices), slices * hosts,
-                  facts["hbm"], facts["peak"], facts["link"], facts["hbm_bw"])
+                  facts.hbm_bytes, facts.peak_bf16_flops, facts.nvlink_one_way_bytes_per_s,
+                  facts.hbm_bytes_per_s)
 
 
 def _need_cuda(chip: str, shape: str) -> None:
