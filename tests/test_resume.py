@@ -94,11 +94,15 @@ def final_state(workdir):
 
     from transformer import checkpoint
     from transformer import config as config_lib
+    from transformer.parallel import sharding
     from transformer.train import start
 
+    def abstract(meta):
+        config = config_lib.from_dict(meta["config"])
+        return start.abstract_checkpoint(config, sharding.make_mesh(config.mesh))
+
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    found = ckpts.restore_good(
-        lambda meta: start.abstract_checkpoint(config_lib.from_dict(meta["config"])))
+    found = ckpts.restore_good(abstract)
     return found.step, [np.asarray(x) for x in jax.tree.leaves((found.params, found.train))]
 
 
