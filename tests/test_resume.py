@@ -12,6 +12,7 @@ uninterrupted baseline and the killed runs then run the very same executables.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -316,6 +317,14 @@ def test_train_without_config_on_a_run_names_the_config_it_was_trained_with(base
     # The command that gives the saved config: the closest file plus the fields that differ.
     assert "--config=configs/tiny.py" in line and "--config.model.d_model=32" in line, line
     assert f"--config.train.steps={STEPS}" in line
+    # The file is the one its checkpoint names; one saved before checkpoints named it says so.
+    for meta in (workdir / "checkpoints").glob("*/meta/metadata"):
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
+                                    if k != "config_file"}))
+    out = run(["train.py", f"--workdir={workdir}", "--no_progress"])
+    assert out.returncode == 2, out.stdout[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert "its checkpoint does not name" in line and "pass that file as --config" in line, line
 
 
 def test_train_without_config_on_a_run_with_damaged_checkpoints_is_one_line(baseline, tmp_path):

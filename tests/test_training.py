@@ -100,6 +100,22 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, copy_run, shared_trainer
     assert 0 < at_10 and at_10 + 0.3 * second <= at_30 <= at_10 + second
 
 
+def test_a_run_makes_its_mesh_and_checks_its_fit_once(tmp_path, monkeypatch, shared_trainers):
+    """The start works each value out once and hands it on (start.prepare's Run): a fresh
+    run, and one resumed from its checkpoint, each make one mesh and check once that it
+    splits the model, whatever is built on them (the Trainer, the restore's target)."""
+    from transformer.parallel import sharding
+    calls = []
+    for name in ("make_mesh", "check_fits"):
+        monkeypatch.setattr(sharding, name, lambda *a, _real=getattr(sharding, name),
+                            _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    for stop_at in (1, 2):  # fresh, then resumed from the checkpoint at step 1
+        calls.clear()
+        _, the_run = train_quietly(_copy30(), tmp_path, stop_at=stop_at)
+        assert sorted(calls) == ["check_fits", "make_mesh"], (stop_at, calls)
+    assert the_run.found.step == 1
+
+
 def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path, shared_trainers):
     """A run resumed with another batch size (--allow_change=train.batch_size): every
     metrics line's `tokens` is the tokens trained so far, the earlier steps at their own
