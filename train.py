@@ -128,33 +128,33 @@ def main(argv):
     if _WORKDIR.value is not None and not _WORKDIR.value.strip():  # it trained in runs/<config>
         cli.fail("--workdir is empty: give a folder (e.g. --workdir=runs/mine), or leave the "
                  "flag out for runs/<the config's name>")
-    workdir = _WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
+    config_file = flags.FLAGS["config"].config_filename
+    workdir = _WORKDIR.value or str(Path("runs") / Path(config_file).stem)
     # A path that is not UTF-8 trained the whole run, then orbax could not name a file in it:
     # a traceback, and no checkpoint.
     cli.check_utf8("--workdir", workdir)
-    mesh = sharding.make_mesh(config.mesh)
 
-    def sample_args(tokenizer):
-        # model.vocab_size=0 filled in as training did (padded for its mesh): from its checkpoint
-        resolved = start.resolve(config, tokenizer, mesh, start.saved_config(workdir))
-        s = resolved.sample
-        return dict(model_config=config_lib.ModelConfig.from_config(resolved),
-                    tokenizer=tokenizer, prompt=s.prompt, max_new_tokens=s.max_new_tokens,
-                    mesh=mesh, rules=sharding.axis_rules(resolved))
+    def sample_args(the_run):  # the config as the run resolved it (vocab_size=0 filled in)
+        s = the_run.config.sample
+        return dict(model_config=config_lib.ModelConfig.from_config(the_run.config),
+                    tokenizer=the_run.tokenizer, prompt=s.prompt,
+                    max_new_tokens=s.max_new_tokens, mesh=the_run.mesh,
+                    rules=sharding.axis_rules(the_run.config))
 
-    def compile_sampler(_, tokenizer, trainer):  # while the run trains: ~3 s less at its end
+    def compile_sampler(the_run, trainer):  # while the run trains: ~3 s less at its end
         try:
             textgen.precompile_sample(params=trainer.abstract_state().params,
-                                      **sample_args(tokenizer))
+                                      **sample_args(the_run))
         except cli.USER_ERRORS:
             pass  # the sample itself says why, after training
 
-    try:
-        state, tokenizer = run.train(config, workdir, progress=not _NO_PROGRESS.value, mesh=mesh,
-                                     allow_change=_ALLOW_CHANGE.value,
-                                     hooks=faults.TestHooks.from_env(),  # tests' kill hooks
-                                     alongside=compile_sampler if config.sample.max_new_tokens
-                                     else None)
+    try:  # the config is validated above, before jax was imported: not again
+        the_run = start.prepare(config, workdir, allow_change=_ALLOW_CHANGE.value,
+                                validated=True)
+        state = run.train(the_run, run.Options(
+            progress=not _NO_PROGRESS.value, hooks=faults.TestHooks.from_env(),  # tests' kills
+            alongside=compile_sampler if config.sample.max_new_tokens else None,
+            meta={"config_file": config_file}))  # what a refused resume names (_trained_with)
     except cli.USER_ERRORS as e:  # the default config against a run trained with another
         if flags.FLAGS["config"].present or not (Path(workdir) / "checkpoints").is_dir() \
                 or type(e).__name__ == "WorkdirError":  # in use: not a question of config
@@ -165,13 +165,13 @@ def main(argv):
         raise config_lib.ConfigError(f"{e}; train.py without --config uses configs/default.py, "
                                      f"and this run was trained with: {trained_with}"
                                      ) from None
-    s = config.sample
+    s = the_run.config.sample
     if not s.max_new_tokens:  # sample.max_new_tokens=0: the run asked for no sample
         return
     try:
         [text] = textgen.sample_text(params=state.params, temperature=s.temperature,
-                                     top_k=s.top_k, top_p=s.top_p, seed=config.train.seed,
-                                     **sample_args(tokenizer))
+                                     top_k=s.top_k, top_p=s.top_p,
+                                     seed=the_run.config.train.seed, **sample_args(the_run))
     except cli.USER_ERRORS as e:
         print(f"(no sample: {e})")
         return
@@ -179,13 +179,14 @@ def main(argv):
         return
     print(f"\n--- sample (prompt {s.prompt!r}) ---\n{s.prompt}{text}")
     from transformer.train import trackers
-    trackers.append_text(workdir, int(state.step), "sample", s.prompt + text)
+    trackers.append_text(the_run.workdir, int(state.step), "sample", s.prompt + text)
 
 
 def _trained_with(workdir) -> str | None:
     """The command line that gives the config saved in `workdir`'s newest readable checkpoint:
-    the file under configs/ closest to it, plus an override per field that differs (free fields
-    aside). None when no checkpoint's config can be read (all damaged)."""
+    the config file that run was trained with (saved in its meta), plus an override per field
+    that differs (free fields aside). None when no checkpoint's meta can be read (all
+    damaged)."""
     import importlib.util
     import shlex
 
@@ -193,37 +194,34 @@ def _trained_with(workdir) -> str | None:
     from transformer.config import resume
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    saved = None
+    meta = None
     try:
         for step in reversed(ckpts.all_steps()):
             try:
-                saved = ckpts.read_meta(step)["config"]
+                meta = ckpts.read_meta(step)
                 break
             except Exception:  # noqa: BLE001 -- damaged (the run's error says so): the next
                 continue
     finally:
         ckpts.close()
-    if saved is None:
+    if meta is None:
         return None
-    best = None
-    for path in sorted((_HERE / "configs").glob("*.py")):
-        try:
-            spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            candidate = config_lib.to_dict(config_lib.validate(module.get_config()))
-        except Exception:  # noqa: BLE001 -- a config that does not load is no candidate
-            continue
-        diffs = {k: old for k, (old, _) in resume.differences(saved, candidate).items()
-                 if k not in resume.FREE}
-        if best is None or len(diffs) < len(best[1]):
-            best = (path, diffs)
-    if best is None:
-        return "a config no file under configs/ gives"
-    path, diffs = best
+    if "config_file" not in meta:
+        return ("a config file its checkpoint does not name (saved before checkpoints named "
+                "it): pass that file as --config")
+    name = meta["config_file"]
+    path = Path(name) if Path(name).is_file() else _HERE / name
+    try:
+        spec = importlib.util.spec_from_file_location("_trained_config", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = config_lib.to_dict(config_lib.validate(module.get_config()))
+    except Exception:  # noqa: BLE001 -- gone or changed past loading: say so, not why
+        return f"--config={name}, which no longer loads"
+    diffs = {k: old for k, (old, _) in resume.differences(meta["config"], config).items()
+             if k not in resume.FREE}
     overrides = [f"--config.{k}={shlex.quote(str(v))}" for k, v in sorted(diffs.items())]
-    return " ".join(["python train.py", f"--config={path.relative_to(_HERE)}", *overrides,
-                     f"--workdir={workdir}"])
+    return " ".join(["python train.py", f"--config={name}", *overrides, f"--workdir={workdir}"])
 
 
 if __name__ == "__main__":

@@ -182,6 +182,16 @@ def shared_dir(tmp_path_factory, name: str, make) -> Path:
     return folder
 
 
+def train_quietly(config, workdir, mesh=None, allow_change=(), **options):
+    """A run as a test trains it: start.prepare, then run.train with no log and no progress
+    bar unless `options` (run.Options' fields) say otherwise. Returns (the state after its
+    last step, the Run: its tokenizer, mesh and config as the run resolved them)."""
+    from transformer.train import run, start
+    the_run = start.prepare(config, workdir, mesh, allow_change)
+    options = {"log": lambda _: None, "progress": False, **options}
+    return run.train(the_run, run.Options(**options)), the_run
+
+
 @contextlib.contextmanager
 def one_trainer_per_config(built: dict):
     """Inside the block, run.train (and so a sweep's members) builds its Trainer once per

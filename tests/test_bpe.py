@@ -2,11 +2,11 @@
 
 import pytest
 
+from tests.conftest import train_quietly
 from transformer import checkpoint
 from transformer import config as config_lib
 from transformer.config import ConfigError
 from transformer.data import tokenizers
-from transformer.train import run
 
 TEXT = "def add(a, b):\n    return a + b\n\n" * 200 + "class Point:\n    x = 1\n" * 100
 
@@ -46,7 +46,8 @@ def test_a_bpe_run_saves_its_tokenizer_in_the_checkpoint(tmp_path):
     c.train.update(steps=2, batch_size=2, log_every=1, eval_every=2, eval_batches=1,
                    ckpt_every=2, warmup_steps=0)
     c.sample.max_new_tokens = 8
-    _, tok = run.train(c, tmp_path / "run", log=lambda _: None, progress=False)
+    _, the_run = train_quietly(c, tmp_path / "run")
+    tok = the_run.tokenizer
     meta = checkpoint.Checkpoints(tmp_path / "run", read_only=True).read_meta()
     assert meta["config"]["model"]["vocab_size"] == tok.vocab_size  # taken from the tokenizer
     assert c.model.vocab_size == 0  # in the saved run's config, not the caller's

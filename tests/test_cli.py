@@ -11,10 +11,20 @@ TINY = ["--config=configs/tiny.py", "--config.train.steps=20", "--config.train.c
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """train.py's run, its checkpoint metas read counted (tests/meta_reads.py)."""
     workdir = tmp_path_factory.mktemp("run")
-    result = run_cli("train.py", *TINY, f"--workdir={workdir}")
+    result = run_cli("tests/meta_reads.py", "train.py", *TINY, f"--workdir={workdir}")
     assert result.returncode == 0, result.stderr
     return workdir, result
+
+
+def test_a_fresh_run_samples_at_its_end_with_no_checkpoint_read_back(trained):
+    """The sample after training takes the config, tokenizer and mesh as the run's start
+    worked them out (start.Run): a fresh run reads no checkpoint's meta, before training or
+    after (it once read the newest one back to fill in vocab_size=0 as training had)."""
+    _, result = trained
+    assert "--- sample" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == "checkpoint metas read: 0", result.stderr
 
 
 def test_train_writes_checkpoints_metrics_and_prints_a_sample(trained):

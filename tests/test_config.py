@@ -117,5 +117,5 @@ def test_every_shipped_config_starts_on_its_own_data(name, tmp_path, monkeypatch
     config.data.max_bytes = min(config.data.max_bytes, 300_000)  # what is read, not the shape
     config = validate(config)
     tokenizer, _ = data.load(config)
-    resolved = start.resolve(config, tokenizer)
+    resolved = start.derive(config, tokenizer)
     assert resolved.model.vocab_size >= tokenizer.vocab_size

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, train_quietly
 
 from transformer import checkpoint
 from transformer import config as config_lib
@@ -26,7 +26,7 @@ from transformer.hf import load as hf_import
 from transformer.hf import mapping as hf
 from transformer.hf import weights as hf_weights
 from transformer.model.gpt import GPT, init_params, unstack_layers
-from transformer.train import run, start
+from transformer.train import start
 from transformer.train import trainer as training
 
 # torch and transformers (~3.6 s to import) come in the functions that use them: every pytest
@@ -359,7 +359,7 @@ def test_init_from_starts_training_from_the_hf_weights(tmp_path):
     x = tokens(mc, T=64)
     params = unstack_layers(state.params, mc.n_layers)
     np.testing.assert_allclose(our_logits(mc, params, x), hf_logits(model, x), atol=TOL, rtol=0)
-    state, _ = run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    state, _ = train_quietly(config, tmp_path / "run")
     assert int(state.step) == 1
 
 
@@ -372,7 +372,7 @@ def test_init_from_refuses_a_mismatched_shape_writing_nothing(tmp_path):
     config.sample.max_new_tokens = 40
     config.train.init_from = str(folder)
     with pytest.raises(hf.HFError) as error:
-        run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+        train_quietly(config, tmp_path / "run")
     message = str(error.value)
     assert "\n" not in message and "transformer.h.0.mlp.c_fc.weight" in message
     assert "(32, 48)" in message and "(32, 64)" in message
@@ -453,7 +453,7 @@ def test_init_from_an_exported_run_keeps_its_tokenizer_kind_and_says_what_it_loa
     config.train.update(init_from=str(out), steps=1, batch_size=2, eval_every=1, eval_batches=1,
                         ckpt_every=1, log_every=1)
     logged = []
-    run.train(config, tmp_path / "run", log=logged.append, progress=False)
+    train_quietly(config, tmp_path / "run", log=logged.append)
     lines = "\n".join(logged).splitlines()
     [init] = [line for line in lines if line.startswith("init: ")]
     assert str(out) in init and f"{kind} tokenizer (its tokenizer.json)" in init
@@ -540,7 +540,7 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
     config.train.update(steps=2, batch_size=2, eval_every=2, eval_batches=1, ckpt_every=2,
                         log_every=1)
     config.sample.max_new_tokens = 8
-    run.train(config, tmp_path / "run", log=lambda _: None, progress=False)
+    train_quietly(config, tmp_path / "run")
     saved = checkpoint.load_run(tmp_path / "run")
     assert (saved.model_config.vocab_size, saved.model_config.vocab_used) == (320, 257)
     result = run_cli("sample.py", f"--workdir={tmp_path / 'run'}", "--prompt=def ",

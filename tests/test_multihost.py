@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import jax
-from conftest import fork_popen, fork_run, free_port, reaped, simulated_devices_env
+from conftest import fork_popen, fork_run, free_port, reaped, simulated_devices_env, train_quietly
 
 from transformer import checkpoint
 from transformer import config as config_lib
-from transformer.train import run, start
+from transformer.parallel import sharding
+from transformer.train import start
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,9 +56,10 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
     assert steps[0] == steps[1] and 0 < steps[0] < 400, steps
 
     one_device = config_lib.to_dict(config_lib.base_config())["mesh"]  # this process's device
+    mesh = sharding.make_mesh(one_device)
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     found = ckpts.restore_good(lambda meta: start.abstract_checkpoint(
-        config_lib.from_dict({**meta["config"], "mesh": one_device})))
+        config_lib.from_dict({**meta["config"], "mesh": one_device}), mesh))
     ckpts.close()
     assert ckpts.all_steps() == [steps[0]] and found.step == steps[0]
     assert int(found.train["step"]) == steps[0] and jax.tree.leaves(found.params)
@@ -70,7 +72,7 @@ def test_processes_resume_from_the_same_step_when_one_finds_the_newest_damaged(t
     config.data.corpus = "copy"
     config.train.update(steps=4, batch_size=4, ckpt_every=2, eval_every=1000, eval_batches=1)
     config.sample.max_new_tokens = 4
-    run.train(config, tmp_path, log=lambda s: None, progress=False)  # checkpoints 2 and 4
+    train_quietly(config, tmp_path)  # checkpoints 2 and 4
 
     port = free_port()
     with reaped([fork_popen(["tests/multihost_resume_check.py", tmp_path, port, i], cwd=ROOT,

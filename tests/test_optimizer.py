@@ -489,7 +489,7 @@ def test_muon_ns_dtype_auto_follows_the_models_matmul_dtype(matmul, dtype, expec
     c.model.update(matmul=matmul, dtype=dtype)
     c.train.optimizer = "muon"
     assert c.train.muon_ns_dtype == "auto"
-    resolved, _ = start.resolve_config(c)
+    resolved, _ = start.concrete(validate(c))
     assert resolved.train.muon_ns_dtype == expected
     c.train.muon_ns_dtype = "float32"  # a value given is kept
-    assert start.resolve_config(c)[0].train.muon_ns_dtype == "float32"
+    assert start.concrete(validate(c))[0].train.muon_ns_dtype == "float32"

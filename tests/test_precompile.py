@@ -6,6 +6,7 @@ else (another sharding, dtype or static argument) would compile twice, and fail 
 import jax
 import pytest
 
+from tests.conftest import train_quietly
 from tests.test_decode import CompileCounter
 from transformer import checkpoint, data
 from transformer.config import ModelConfig, base_config
@@ -13,7 +14,6 @@ from transformer.generate import text
 from transformer.generate.decode import GenerationError
 from transformer.model.gpt import init_params
 from transformer.parallel import sharding
-from transformer.train import run
 from transformer.train.trainer import Trainer, evaluate
 
 
@@ -67,15 +67,16 @@ def test_a_sample_compiled_from_shapes_while_training_compiles_nothing_after(tmp
     mesh = sharding.make_mesh(c.mesh)
     seen = {}
 
-    def alongside(config, tokenizer, trainer):
-        seen["tokenizer"] = tokenizer
-        text.precompile_sample(ModelConfig.from_config(config), trainer.abstract_state().params,
-                               tokenizer, PROMPT, max_new_tokens=20, mesh=mesh,
-                               rules=sharding.axis_rules(config))
+    def alongside(the_run, trainer):
+        seen["tokenizer"] = the_run.tokenizer
+        text.precompile_sample(ModelConfig.from_config(the_run.config),
+                               trainer.abstract_state().params, the_run.tokenizer, PROMPT,
+                               max_new_tokens=20, mesh=mesh,
+                               rules=sharding.axis_rules(the_run.config))
         seen["done"] = True
 
-    state, tokenizer = run.train(c, tmp_path / "run", progress=False, log=lambda s: None,
-                                 mesh=mesh, alongside=alongside)
+    state, the_run = train_quietly(c, tmp_path / "run", mesh, alongside=alongside)
+    tokenizer = the_run.tokenizer
     assert seen == {"tokenizer": tokenizer, "done": True}  # it ran, and had ended
     model_config = ModelConfig.from_config(c)
     knobs = dict(max_new_tokens=20, temperature=0.8, top_k=5, seed=3)

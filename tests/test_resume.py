@@ -12,6 +12,7 @@ uninterrupted baseline and the killed runs then run the very same executables.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -94,11 +95,15 @@ def final_state(workdir):
 
     from transformer import checkpoint
     from transformer import config as config_lib
+    from transformer.parallel import sharding
     from transformer.train import start
 
+    def abstract(meta):
+        config = config_lib.from_dict(meta["config"])
+        return start.abstract_checkpoint(config, sharding.make_mesh(config.mesh))
+
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    found = ckpts.restore_good(
-        lambda meta: start.abstract_checkpoint(config_lib.from_dict(meta["config"])))
+    found = ckpts.restore_good(abstract)
     return found.step, [np.asarray(x) for x in jax.tree.leaves((found.params, found.train))]
 
 
@@ -312,6 +317,14 @@ def test_train_without_config_on_a_run_names_the_config_it_was_trained_with(base
     # The command that gives the saved config: the closest file plus the fields that differ.
     assert "--config=configs/tiny.py" in line and "--config.model.d_model=32" in line, line
     assert f"--config.train.steps={STEPS}" in line
+    # The file is the one its checkpoint names; one saved before checkpoints named it says so.
+    for meta in (workdir / "checkpoints").glob("*/meta/metadata"):
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
+                                    if k != "config_file"}))
+    out = run(["train.py", f"--workdir={workdir}", "--no_progress"])
+    assert out.returncode == 2, out.stdout[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert "its checkpoint does not name" in line and "pass that file as --config" in line, line
 
 
 def test_train_without_config_on_a_run_with_damaged_checkpoints_is_one_line(baseline, tmp_path):

@@ -376,12 +376,9 @@ def test_an_allowed_change_keeps_the_finished_members_as_it_says(tmp_path, monke
     where its checkpoint refused the changed config and the sweep stopped there. Finished
     members are kept (train is not called for them); unfinished ones train. Training is
     stubbed: only the bookkeeping runs."""
-    from transformer.data import tokenizers
     from transformer.scaling.sweep import ladder, sweep_config
     trained = []
-    monkeypatch.setattr("transformer.train.run.train", lambda config, workdir, **k: (
-        trained.append(Path(workdir).name), Path(workdir).mkdir(parents=True, exist_ok=True),
-        tokenizers.ByteTokenizer())[1:])
+    _stub_training(monkeypatch, lambda workdir: trained.append(workdir.name))
     base = base_config()
     base.model.update(max_seq_len=32)
     base.train.update(batch_size=4)
@@ -401,6 +398,21 @@ def test_an_allowed_change_keeps_the_finished_members_as_it_says(tmp_path, monke
     assert any(first in line and "kept" in line for line in lines), lines
 
 
+def _stub_training(monkeypatch, trained=lambda workdir: None) -> None:
+    """A sweep's members are started (start.prepare: a byte tokenizer, vocab_size=0 filled
+    in) and trained (run.train: `trained(workdir)`, the workdir made) with no data read and
+    no step run: only the sweep's bookkeeping runs."""
+    from types import SimpleNamespace
+
+    from transformer.data import tokenizers
+    from transformer.train import start
+    monkeypatch.setattr("transformer.train.start.prepare", lambda config, workdir, **k: (
+        SimpleNamespace(workdir=Path(workdir),
+                        config=start.derive(config, tokenizers.ByteTokenizer()))))
+    monkeypatch.setattr("transformer.train.run.train", lambda member, options: (
+        trained(member.workdir), member.workdir.mkdir(parents=True, exist_ok=True)))
+
+
 class _Killed(BaseException):
     """What a SIGKILL mid-write leaves: the bytes written so far, nothing after."""
 
@@ -409,10 +421,8 @@ def test_a_kill_mid_write_leaves_sweep_state_whole(tmp_path, monkeypatch):
     """sweep.json and a member's result.json, rewritten while the process dies half way
     through the write, still read as the complete old file (a torn one breaks the sweep's
     resume and its report). Training is stubbed: only the bookkeeping runs."""
-    from transformer.data import tokenizers
     from transformer.scaling.sweep import ladder, sweep_config
-    monkeypatch.setattr("transformer.train.run.train", lambda config, workdir, **k: (
-        Path(workdir).mkdir(parents=True, exist_ok=True), tokenizers.ByteTokenizer()))
+    _stub_training(monkeypatch)
     base = base_config()
     base.model.update(max_seq_len=32)
     base.train.update(batch_size=4)

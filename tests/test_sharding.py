@@ -267,8 +267,10 @@ def test_train_py_pads_vocab_zero_for_a_tensor_mesh_and_a_resume_keeps_it(tmp_pa
                       env=simulated_devices_env(1), timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resuming from step 1" in second.stdout and "--- sample" in second.stdout
-    from transformer.train import start
-    saved = start.saved_config(tmp_path / "run")["model"]
+    from transformer import checkpoint
+    ckpts = checkpoint.Checkpoints(tmp_path / "run", read_only=True)
+    saved = ckpts.read_meta()["config"]["model"]  # the newest checkpoint's
+    ckpts.close()
     assert (saved["vocab_size"], saved["vocab_used"]) == (258, 257)
 
 

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from tests.conftest import train_quietly
 from transformer.data import tokenizers
 from transformer.generate.text import REPLACEMENT, TextStream, encode_prompt
 
@@ -119,7 +120,6 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     from transformer import config as config_lib
     from transformer.config import ModelConfig
     from transformer.generate import text as textgen
-    from transformer.train import run, start
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def add(a, b):\n    return a + b\n\n" * 300
@@ -130,9 +130,10 @@ def test_stop_ends_every_bpe_sample_at_its_first_newline(tmp_path):
     c.train.update(steps=30, batch_size=4, lr=1e-2, log_every=10, eval_every=30,
                    eval_batches=1, ckpt_every=30, warmup_steps=0)
     c.sample.max_new_tokens = 8
-    state, tok = run.train(c, tmp_path / "run", log=lambda _: None, progress=False)
+    state, the_run = train_quietly(c, tmp_path / "run")
+    tok = the_run.tokenizer
     assert tok.encode("\n") != tok.encode("\n    ")[:1]  # the newline is merged in BPE
-    model = ModelConfig.from_config(start.resolve(c, tok))
+    model = ModelConfig.from_config(the_run.config)  # vocab_size=0 as the run filled it in
     kwargs = dict(num_samples=6, max_new_tokens=60, temperature=1.0, seed=1)
     free = textgen.sample_text(model, state.params, tok, "def", **kwargs)
     assert sum(t.count("\n") > 1 for t in free) >= 3  # the samples do run over several lines

@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from tests.conftest import train_quietly
 from tests.test_resume import committed, run, start, train_args, wait_for, write_corpus
 from transformer.train import trackers
 
@@ -133,14 +134,12 @@ def test_wandb_gets_the_same_numbers_and_a_resumed_run_keeps_its_id(tmp_path, mo
     """(The resumed run takes the first one's Trainer: conftest.one_trainer_per_config.)"""
     import sys
 
-    from transformer.train import run
-
     fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     corpus, workdir = write_corpus(tmp_path / "text.txt"), tmp_path / "run"
     config = wandb_config(corpus, steps=8)
-    run.train(config, workdir, progress=False, log=lambda _: None, stop_at=4)
-    run.train(config, workdir, progress=False, log=lambda _: None)  # resumes at 4
+    train_quietly(config, workdir, stop_at=4)
+    train_quietly(config, workdir)  # resumes at 4
     first, second = fake.inits
     assert first["id"] == second["id"] == (workdir / "wandb_run_id").read_text().strip()
     assert first["resume"] == "allow" and first["mode"] == "offline"

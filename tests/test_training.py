@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import one_trainer_per_config
+from conftest import one_trainer_per_config, train_quietly
 from transformer.config import base_config
 from transformer.model import attention
-from transformer.train import run
 
 VOCAB = 16
 
@@ -35,7 +34,7 @@ def _final_val_loss(workdir):
 
 
 def _train(config, workdir, stop_at=None):
-    return run.train(config, workdir, progress=False, log=lambda s: None, stop_at=stop_at)
+    return train_quietly(config, workdir, stop_at=stop_at)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +100,22 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, copy_run, shared_trainer
     assert 0 < at_10 and at_10 + 0.3 * second <= at_30 <= at_10 + second
 
 
+def test_a_run_makes_its_mesh_and_checks_its_fit_once(tmp_path, monkeypatch, shared_trainers):
+    """The start works each value out once and hands it on (start.prepare's Run): a fresh
+    run, and one resumed from its checkpoint, each make one mesh and check once that it
+    splits the model, whatever is built on them (the Trainer, the restore's target)."""
+    from transformer.parallel import sharding
+    calls = []
+    for name in ("make_mesh", "check_fits"):
+        monkeypatch.setattr(sharding, name, lambda *a, _real=getattr(sharding, name),
+                            _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    for stop_at in (1, 2):  # fresh, then resumed from the checkpoint at step 1
+        calls.clear()
+        _, the_run = train_quietly(_copy30(), tmp_path, stop_at=stop_at)
+        assert sorted(calls) == ["check_fits", "make_mesh"], (stop_at, calls)
+    assert the_run.found.step == 1
+
+
 def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path, shared_trainers):
     """A run resumed with another batch size (--allow_change=train.batch_size): every
     metrics line's `tokens` is the tokens trained so far, the earlier steps at their own
@@ -112,13 +127,12 @@ def test_tokens_logged_count_each_step_at_the_batch_it_trained_with(tmp_path, sh
     config.train.update(log_every=10, eval_every=10, ckpt_every=10)
     _train(config, tmp_path, stop_at=10)  # batch 16
     config.train.batch_size = 4
-    run.train(config, tmp_path, progress=False, log=lambda s: None, stop_at=20,
-              allow_change=["train.batch_size"])
+    train_quietly(config, tmp_path, stop_at=20, allow_change=["train.batch_size"])
     expected = {10: 10 * 16 * T, 20: 10 * 16 * T + 10 * 4 * T}
     lines = MetricsLog(tmp_path).read()
     assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
     # and again from the checkpoint at 20 (batch 4 since step 10), which must say its count
-    run.train(config, tmp_path, progress=False, log=lambda s: None)
+    train_quietly(config, tmp_path)
     expected[30] = expected[20] + 10 * 4 * T
     lines = MetricsLog(tmp_path).read()
     assert {(m["step"], m["tokens"]) for m in lines} == set(expected.items())
@@ -198,7 +212,7 @@ def test_after_a_skipped_step_the_logged_lr_is_the_one_applied_and_the_run_ends_
     c.train.update(warmup_steps=2, lr=1e-2, min_lr_ratio=0.25, b1=0.0, b2=0.0,
                    weight_decay=0.0, grad_clip=0.0, nonfinite="skip", log_every=1,
                    ckpt_every=1, keep_checkpoints=100)
-    run.train(c, tmp_path, progress=False, log=lambda s: None, hooks=TestHooks(nan_step=3))
+    train_quietly(c, tmp_path, hooks=TestHooks(nan_step=3))
 
     logged = {m["step"]: m["lr"] for m in MetricsLog(tmp_path).read() if "lr" in m}
     params = {s: checkpoint.load_run(tmp_path, step=s).params for s in range(1, 9)}
@@ -225,7 +239,7 @@ def test_every_line_counts_the_skipped_steps_up_to_its_own(tmp_path, nan_step, s
 
     c = _config("copy", 6)
     c.train.update(batch_size=4, warmup_steps=1, nonfinite="skip", log_every=1)
-    run.train(c, tmp_path, progress=False, log=lambda s: None, hooks=TestHooks(nan_step=nan_step))
+    train_quietly(c, tmp_path, hooks=TestHooks(nan_step=nan_step))
     lines = {m["step"]: m for m in MetricsLog(tmp_path).read() if "train_loss" in m}
     assert sorted(lines) == [1, 2, 3, 4, 5, 6]
     assert lines[nan_step]["lr"] == 0.0
@@ -296,7 +310,7 @@ def test_train_profile_leaves_a_trace_of_its_steps_and_changes_no_number(tmp_pat
     c = _copy30()
     c.train.profile = "3:5"
     lines = []
-    traced, _ = run.train(c, tmp_path / "traced", progress=False, log=lines.append)
+    traced, _ = train_quietly(c, tmp_path / "traced", log=lines.append)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(traced)):
         np.testing.assert_array_equal(a, b)
     losses = [[m["train_loss"] for m in MetricsLog(w).read() if "train_loss" in m]

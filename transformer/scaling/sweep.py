@@ -254,8 +254,8 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
     if allowed:
         log(f"{workdir}: sweep changed as allowed ({', '.join(allowed)}); finished members "
             "are kept as they are")
-    from transformer.train.run import train  # jax, flax, optax: not needed for --report
-    from transformer.train.start import resolve
+    from transformer.train import run as run_lib  # jax, flax, optax: not for --report
+    from transformer.train import start
     workdir.mkdir(parents=True, exist_ok=True)
     write_atomic(workdir / "sweep.json", json.dumps(
         {"sweep": json.loads(sweep.to_json()), "members": [m.name for m in all_members]},
@@ -275,11 +275,12 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
             continue
         log(f"[{m.index + 1}/{len(all_members)}] {m.name}: {m.config.train.steps} steps, "
             f"{m.tokens:,} tokens")
-        _, tokenizer = train(m.config, run_dir, log=log, progress=progress)
+        member = start.prepare(m.config, run_dir)
+        run_lib.train(member, run_lib.Options(log=log, progress=progress))
         # The run's own count (its last checkpoint's wall_s): with a resumed member, the
         # earlier invocations' seconds too, where this call's alone were reported.
         wall_s = _run_wall_s(run_dir, m.config.train.steps)
-        model = ModelConfig.from_config(resolve(m.config, tokenizer))  # vocab 0 filled
+        model = ModelConfig.from_config(member.config)  # as the run resolved it: vocab 0 filled
         counts = flops.param_counts(model)
         write_atomic(run_dir / "result.json", json.dumps(dict(
             name=m.name, index=m.index, budget=m.budget, budget_value=m.value,

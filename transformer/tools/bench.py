@@ -370,7 +370,7 @@ def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchRes
     # the schedule every mode (and the peer's lr) follows
     config = config_lib.validate(config_lib.replace(config, **{"train.steps": s.total_steps}))
     tokenizer, source = data.load(config)
-    config = start.resolve(config, tokenizer)
+    config = start.derive(config, tokenizer)
     t = config.train
     batches = [jax.device_put(source.batch(t.seed, "train", i, t.batch_size))
                for i in range(s.total_steps)]  # made up front: data loading is not timed

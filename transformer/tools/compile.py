@@ -183,12 +183,11 @@ def has_conditional(hlo: str) -> bool:
 def resolved_config(config, target):
     """The run's config as its start would resolve it on the target: validated, `auto` made
     concrete for the target's platform, vocab_size=0 padded as a run pads it for the mesh."""
-    from transformer.config import replace
-    from transformer.config import padded_vocab
+    from transformer.config import padded_vocab, replace, validate
     from transformer.model.sizes import model_config_of
     from transformer.parallel import sharding
     from transformer.train import start
-    config, _ = start.resolve_config(config, target.platform)
+    config, _ = start.concrete(validate(config), target.platform)
     start.check_attention_kernel(config, target.platform)
     if config.model.vocab_size == 0:
         vocab = model_config_of(replace(config, **{"model.vocab_multiple": 1})).vocab_size
@@ -241,7 +240,8 @@ def compile_train(config, target) -> tuple[Report, list[str]]:
     from transformer.parallel import sharding
     from transformer.train.trainer import Trainer
     mesh = sharding.make_mesh(config.mesh, target.devices)
-    trainer = Trainer.build(config, mesh, processes=target.hosts)
+    sharding.check_fits(config, mesh, processes=target.hosts)  # one line, before XLA's words
+    trainer = Trainer.build(config, mesh)
     B, T = config.train.batch_size, config.model.max_seq_len
     spec = {k: jax.ShapeDtypeStruct((B, T), dt, sharding=trainer.batch_sharding)
             for k, dt in (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}

@@ -143,6 +143,7 @@ def byte_set(ours_flags: list[str]) -> Path:
     """The quick start's text and split as byte tokens: configs/default.py's data fields with
     ours' `--config.data.*` overrides, `data.tokenizer=byte`, prepared by our cache (under
     TRANSFORMER_CACHE, which the caller points at the scratch folder)."""
+    from transformer import config as config_lib
     from transformer import data
     from transformer.train import start
     spec = importlib.util.spec_from_file_location("_default_config",
@@ -156,7 +157,7 @@ def byte_set(ours_flags: list[str]) -> Path:
             field = key.removeprefix("data.")
             config.data[field] = type(config.data[field])(value)  # str, int or float fields
     config.data.tokenizer = "byte"
-    config, _ = start.resolve_config(config)
+    config, _ = start.concrete(config_lib.validate(config))
     _, source = data.load(config)
     return source.folder
 

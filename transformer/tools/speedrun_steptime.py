@@ -34,6 +34,7 @@ def _value(text: str):
 
 
 def load_config(path: str, overrides: str):
+    from transformer.config import validate
     from transformer.train import start
     spec = importlib.util.spec_from_file_location("_speedrun_config", path)
     module = importlib.util.module_from_spec(spec)
@@ -42,7 +43,7 @@ def load_config(path: str, overrides: str):
     for item in overrides.split():
         key, value = item.removeprefix("--config.").split("=", 1)
         config.update_from_flattened_dict({key: _value(value)})
-    config, _ = start.resolve_config(config)
+    config, _ = start.concrete(validate(config))
     return config
 
 
@@ -63,7 +64,7 @@ def main():
         name, overrides = spec.split(":", 1)
         config = load_config(args.config, overrides)
         tokenizer, source = data.load(config)
-        config = start.resolve(config, tokenizer)
+        config = start.derive(config, tokenizer)
         trainer = Trainer.build(config)
         state = trainer.init(config.train.seed)
         batches = [trainer.batch(source, config.train.seed, "train", i)

@@ -1,7 +1,8 @@
 """The train room: a run from start to end.
 
-    run.py         train(config, workdir): resolve the config → data → state → loop
-    start.py       where a run starts: fresh, imported (train.init_from) or restored
+    start.py       prepare(config, workdir) -> Run: the config resolved, the mesh, the
+                   checkpoint to continue from, the data, each worked out once
+    run.py         train(run, Options): claim the workdir → state → loop
     trainer.py     the compiled step and evaluation of one run on one mesh
     scratch.py     on CPU, the step's scratch memory kept from one step to the next
     step.py        the train step over explicit state (loss, gradient accumulation)

@@ -1,8 +1,8 @@
 """The training loop: steps, metrics read one step late, evaluation, checkpoints, and a stop
 that every process agrees on.
 
-    loop = Loop(trainer, source, ckpts, metrics_log, meta, guard, hooks, bar)
-    state = loop.run(state, start, end)     # raises signals.Stopped after a save on a signal
+    loop = Loop(trainer, run, metrics_log, Options(stop_at=...))     run: start.prepare's
+    state = loop.train(state, skipped)      # raises signals.Stopped after a save on a signal
 
 The host never waits for the step it just queued: a logging step's metrics are read after
 the next step is queued (or when the loop syncs anyway, to evaluate or save), and the
@@ -20,19 +20,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 
+from transformer import checkpoint, data
+from transformer import config as config_lib
 from transformer.model import flops
 from transformer.parallel import processes
 from transformer.train import metrics as metrics_lib
 from transformer.train import optimizer, signals
-from transformer.train.faults import NonFiniteGuard, TestHooks
+from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
 from transformer.train.metrics import MetricsLog, Progress, Throughput
-from transformer.train.profile import NO_TRACE, StepTrace
+from transformer.train.profile import StepTrace
 from transformer.train.trainer import (Trainer, bits_per_byte, compute_precision, evaluate,
                                        evaluate_final)
+
+if TYPE_CHECKING:
+    from transformer.train.start import Run
 
 
 class Reporter:
@@ -86,39 +91,72 @@ class Reporter:
 
 
 @dataclasses.dataclass
+class Options:
+    """How a run is driven, not what it computes (run.train, Loop)."""
+
+    log: Callable[[str], None] = print
+    progress: bool = True             # the progress bar
+    stop_at: int | None = None        # ends this invocation at that step, saved as a stop is
+    hooks: TestHooks = NO_HOOKS       # faults to provoke (tests only)
+    alongside: Callable | None = None  # alongside(run, trainer), in a thread while it trains
+    meta: dict = dataclasses.field(default_factory=dict)  # saved with every checkpoint too
+
+
+@dataclasses.dataclass
 class Loop:
     trainer: Trainer
-    source: Any                      # data.load's batches
-    ckpts: Any                       # checkpoint.Checkpoints, open for writing
+    run: Run                         # start.prepare's: data, workdir, the checkpoint continued
     metrics_log: MetricsLog
-    meta: dict                       # saved with every checkpoint (config, tokenizer)
-    guard: NonFiniteGuard
-    hooks: TestHooks
-    bar: Progress
-    tokens_per_byte: float = 1.0     # of the validation text: nats/token -> bits/byte
-    trace: StepTrace = NO_TRACE      # train.profile's jax.profiler trace
+    options: Options
     eval_seconds: float = 0.0        # spent evaluating so far (the end-of-run line says it)
-    tokens_before: int | None = None  # trained through the start step (None: start x batch)
-    wall_s: Any = None               # () -> the run's seconds so far, saved as meta wall_s
+    # What train() opens for its steps:
+    ckpts: Any = dataclasses.field(default=None, init=False)  # checkpoint.Checkpoints, writing
+    bar: Progress = dataclasses.field(default=None, init=False)
+    guard: NonFiniteGuard = dataclasses.field(default=None, init=False)
+    trace: StepTrace = dataclasses.field(default=None, init=False)  # train.profile's trace
+    tokens_per_byte: float = dataclasses.field(default=1.0, init=False)  # of the val text
 
-    def run(self, state, start: int, end: int):
+    def train(self, state, skipped: int):
+        """Steps from the state's step to train.steps (or options.stop_at); returns the state
+        after the last. `skipped`: steps skipped so far (train.nonfinite)."""
+        t, workdir, log = self.run.config.train, self.run.workdir, self.options.log
+        begin, first = time.perf_counter(), int(state.step)
+        end = t.steps if self.options.stop_at is None else min(self.options.stop_at, t.steps)
+        self.ckpts = checkpoint.Checkpoints(workdir, keep=t.keep_checkpoints)
+        self.bar = Progress(first, t.steps, enabled=self.options.progress,
+                            lines=jax.process_index() == 0)
+        self.options.hooks.install()
+        self.guard = NonFiniteGuard(t.nonfinite, skipped)
+        self.trace = StepTrace(t.profile, workdir, log, enabled=jax.process_index() == 0)
+        self.tokens_per_byte = data.tokens_per_byte(self.run.tokenizer, self.run.source)
+        try:
+            state = self._steps(state, first, end)
+        finally:
+            self.bar.close()
+            self.ckpts.wait()  # a save in flight is committed even when the run stops with an error
+            self.ckpts.close()
+        if first < end:
+            log(f"trained steps {first}..{end} in {time.perf_counter() - begin:.1f}s "
+                f"(evaluation {self.eval_seconds:.1f}s of it)")
+        return state
+
+    def _steps(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
         t = self.trainer.config.train
-        tokens_per_step = t.batch_size * self.trainer.config.model.max_seq_len
-        before = start * tokens_per_step if self.tokens_before is None else self.tokens_before
-        reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard, start, before)
+        reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard, start,
+                            self.run.tokens_trained)
         vote = processes.StopVote()
         with signals.GracefulStop() as stop, _closing(self.trace):
             for step in range(start, end):
                 done = step + 1
-                batch = self.hooks.poison(self.trainer.batch(self.source, t.seed, "train", step),
-                                          done)
+                batch = self.options.hooks.poison(
+                    self.trainer.batch(self.run.source, t.seed, "train", step), done)
                 self.trace.before(done, state)
                 state, metrics = self.trainer.step_fn(state, batch)
                 self.trace.after(done, state)
                 reporter.flush()  # the previous logging step's: this step is queued already
                 self.guard.push(done, metrics["nonfinite"])
-                self.hooks.after_step()
+                self.options.hooks.after_step()
                 reporter.stepped()
                 if done % t.log_every == 0 or done == t.steps:
                     reporter.hold(done, metrics)
@@ -130,6 +168,22 @@ class Loop:
         if signum:  # a signal came during the last step, which was saved
             raise signals.Stopped(signum, end)
         return state
+
+    def meta(self) -> dict:
+        """Saved with every checkpoint: the run's config and tokenizer, why its matmul is what
+        it is, the caller's options.meta."""
+        return {"config": config_lib.to_dict(self.run.config),
+                "tokenizer": self.run.tokenizer.to_json(),
+                "matmul_reason": self.run.matmul.reason, **self.options.meta}
+
+    def wall_s(self) -> float | None:
+        """Seconds the run has taken to reach this point over all its invocations (a resumed
+        one adds its own to the restored checkpoint's; the work a killed one did after its
+        last checkpoint is redone, not counted twice). None once unknown: a checkpoint saved
+        before wall_s was recorded."""
+        before = self.run.found.meta.get("wall_s") if self.run.found else 0.0
+        return None if before is None else \
+            round(before + time.perf_counter() - self.run.began, 3)
 
     def _after_step(self, state, done: int, end: int, signum: int, reporter) -> None:
         """What follows step `done`: late metrics, evaluation, a save, or the agreed stop."""
@@ -143,7 +197,7 @@ class Loop:
             score = evaluate_final if done == t.steps else evaluate
             began = time.perf_counter()
             with reporter.meter.paused():  # evaluation time is not training throughput
-                val_loss = score(self.trainer, state.params, self.source, t.seed)
+                val_loss = score(self.trainer, state.params, self.run.source, t.seed)
             self.eval_seconds += time.perf_counter() - began
             val_bpb = bits_per_byte(val_loss, self.tokens_per_byte)
             self.metrics_log.write(step=done, tokens=reporter.tokens_at(done),
@@ -154,9 +208,8 @@ class Loop:
             with reporter.meter.paused():
                 self.ckpts.save(done, state.params,
                                 {"step": state.step, "opt_state": state.opt_state},
-                                {**self.meta, "step": done, "skipped_steps": self.guard.skipped,
-                                 "tokens": reporter.tokens_at(done),
-                                 "wall_s": None if self.wall_s is None else self.wall_s()})
+                                {**self.meta(), "step": done, "skipped_steps": self.guard.skipped,
+                                 "tokens": reporter.tokens_at(done), "wall_s": self.wall_s()})
         if signum:
             self.ckpts.wait()
             raise signals.Stopped(signum, done)

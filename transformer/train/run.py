@@ -1,12 +1,15 @@
-"""A training run, start to end: `train(config, workdir)` is what `python train.py` does.
+"""A training run, start to end: what `python train.py` does.
 
-    state, tokenizer = train(config, workdir)            trains, or resumes the run in workdir
+    run = start.prepare(config, workdir)                 reads only: every value worked out once
+    state = train(run, Options(...))                     trains, or resumes the run in workdir
 
-In order: resolve the config (start.resolve_config), read everything and check what needs no
-write (start.prepare: checkpoint, data, derived values, resume rules), claim the workdir
-(start.claim: lock, damaged checkpoints aside), build the compiled step for the mesh
-(trainer.Trainer), take the state (start.initial_state: restored, imported or fresh), and
-run the loop (loop.Loop) to `train.steps`.
+In order: resolve the config, make the mesh, find the checkpoint to continue from, load the
+data and fill in the config's derived values (start.prepare, reading only: a refused run leaves
+its workdir as it was), then claim the workdir (start.claim: lock, damaged checkpoints aside),
+build the compiled step for the mesh (trainer.Trainer), take the state (start.initial_state:
+restored, imported or fresh), and run the loop (loop.Loop) to `train.steps`. The caller keeps
+the Run: the tokenizer, the mesh and the config as resolved are what a sample after training
+needs (train.py).
 
 The batch at step s is a pure function of (seed, s) and every save holds params, optimizer
 state and step, so a run restarted on its workdir continues where its last checkpoint stood.
@@ -17,14 +20,12 @@ order). tests/test_resume.py kills runs to check it.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import jax
 
-from transformer import checkpoint, data
-from transformer import config as config_lib
+from transformer import data
 from transformer.config import ModelConfig, depth, resume
 from transformer.hf import load as hf_import
 from transformer.model import flops, sizes
@@ -33,95 +34,74 @@ from transformer.model.kernels import auto as matmul_auto
 from transformer.parallel import sharding
 from transformer.train import start as start_lib
 from transformer.train import trackers
-from transformer.train.faults import NO_HOOKS, NonFiniteGuard, TestHooks
-from transformer.train.loop import Loop
-from transformer.train.metrics import MetricsLog, Progress
-from transformer.train.profile import StepTrace
+from transformer.train.loop import Loop, Options
+from transformer.train.metrics import MetricsLog
 from transformer.train.trainer import Trainer
 
+def train(run: start_lib.Run, options: Options = Options()):
+    """Trains (or resumes) the run that start.prepare worked out; returns the state after its
+    last step.
 
-def train(config, workdir, log: Callable[[str], None] = print, progress: bool = True,
-          mesh=None, stop_at: int | None = None, allow_change=(), hooks: TestHooks = NO_HOOKS,
-          alongside: Callable | None = None):
-    """Trains (or resumes) the run in `workdir` on `mesh` (default: from config.mesh).
-
-    Returns (state, tokenizer). On several processes every process calls this; only process 0
-    logs and writes metrics, and orbax coordinates the checkpoint writes. `stop_at` ends this
-    invocation early at that step (with a checkpoint), as an interruption would; running
-    again continues the same schedule to `train.steps`. `hooks` provoke faults (tests only).
+    On several processes every process calls this; only process 0 logs and writes metrics,
+    and orbax coordinates the checkpoint writes. `options.stop_at` ends this invocation early
+    at that step (with a checkpoint), as an interruption would; running again continues the
+    same schedule to `train.steps`. `options.hooks` provoke faults (tests only).
 
     The step compiles in a thread while the state is made (restored, imported or
     initialised, itself a compile) and evaluation and a save's fingerprints compile, so a
-    2-core machine compiles them side by side. `alongside(config, tokenizer, trainer)`, if given, runs in a thread while the run
-    trains and has finished when this returns: train.py compiles its end-of-training
-    sample's program there (an exception in it is the caller's to catch inside it).
+    2-core machine compiles them side by side. `options.alongside(run, trainer)`, if given,
+    runs in a thread while the run trains and has finished when this returns: train.py
+    compiles its end-of-training sample's program there (an exception in it is the caller's
+    to catch inside it).
 
     Raises signals.Stopped after saving on SIGINT/SIGTERM, faults.NonFiniteError on NaN/inf,
     workdir.WorkdirError when another run holds the workdir."""
-    began = time.perf_counter()  # this invocation's share of the run's wall_s
-    # This run's own copy, auto resolved for the mesh's devices (default: this host's, which
-    # the default mesh spans).
-    config, matmul = start_lib.resolve_config(
-        config, None if mesh is None else sharding.platform(mesh))
     main_process = jax.process_index() == 0
     if not main_process:
-        log, progress = (lambda _: None), False
-    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-    plan = start_lib.prepare(config, workdir, mesh, allow_change)
-    with start_lib.claim(plan), ThreadPoolExecutor(2, "compile") as threads:
-        trainer = Trainer.build(plan.config, mesh)
-        t = plan.config.train
-        batch = plan.source.batch(t.seed, "train", 0, t.batch_size, rows=[0])  # for its shapes
+        options = dataclasses.replace(options, log=lambda _: None, progress=False)
+    log, config = options.log, run.config
+    with start_lib.claim(run), ThreadPoolExecutor(2, "compile") as threads:
+        trainer = Trainer.build(config, run.mesh)
+        t = config.train
+        batch = run.source.batch(t.seed, "train", 0, t.batch_size, rows=[0])  # for its shapes
         # The step, the longest compile, in a thread; this thread makes the state (for a
         # fresh run the init, a compile) and then compiles evaluation and a save's
         # fingerprints, so the two cores share ~7 s of single-threaded compiling evenly.
         compiling = threads.submit(trainer.precompile, batch, ("step",))
-        state, skipped = start_lib.initial_state(trainer, plan)
+        state, skipped = start_lib.initial_state(trainer, run)
         _precompile_quietly(trainer, batch, ("eval", "save"))
-        restored = plan.found.step if plan.found else 0
+        restored = run.found.step if run.found else 0
         # TensorBoard curves continue after the restored step (earlier events from there on
         # are purged): only process 0 writes.
-        tracker = trackers.open_for(plan.workdir, restored, plan.config) if main_process \
-            else None
-        metrics_log = MetricsLog(plan.workdir, enabled=main_process, tracker=tracker)
+        tracker = trackers.open_for(run.workdir, restored, config) if main_process else None
+        metrics_log = MetricsLog(run.workdir, enabled=main_process, tracker=tracker)
         # This invocation's first line names its kernels (a resumed run may run other ones).
-        metrics_log.add_to_next(matmul=matmul.mode, matmul_reason=matmul.reason)
+        metrics_log.add_to_next(matmul=run.matmul.mode, matmul_reason=run.matmul.reason)
         # Later steps are redone and logged again (a run killed before its first checkpoint
         # starts over: its lines go too).
         metrics_log.truncate_after(restored)
-        finished = plan.found is not None and plan.found.step >= plan.config.train.steps
-        if plan.found:
-            log(finished_line(plan.workdir, plan.found.step) if finished else
-                f"resuming from step {plan.found.step}")
-            progress = progress and not finished
-            changed = resume.computing_differently(plan.changes)
+        finished = run.found is not None and run.found.step >= t.steps
+        if run.found:
+            log(finished_line(run.workdir, run.found.step) if finished else
+                f"resuming from step {run.found.step}")
+            options = dataclasses.replace(options, progress=options.progress and not finished)
+            changed = resume.computing_differently(run.changes)
             if changed:
                 log(changed)
-        elif plan.config.train.init_from:
-            log(hf_import.describe(plan.config, plan.tokenizer))
-        log(summary(plan.config, state.params, plan.tokenizer,
-                    data.describe(plan.config, plan.source)))
-        log(matmul_auto.describe(matmul))
+        elif t.init_from:
+            log(hf_import.describe(config, run.tokenizer))
+        log(summary(config, state.params, run.tokenizer, data.describe(config, run.source)))
+        log(matmul_auto.describe(run.matmul))
         log(sharding.describe(trainer.mesh))
-        meta = {"config": config_lib.to_dict(plan.config), "tokenizer": plan.tokenizer.to_json(),
-                "matmul_reason": matmul.reason}
         compiling.exception()  # wait: a first step during its compile would compile again;
         # a compile that failed here fails again, with its error, at that first step
-        if alongside is not None:
-            threads.submit(alongside, plan.config, plan.tokenizer, trainer)
-        # Seconds the run has taken to reach each checkpoint, over all its invocations (a
-        # resumed one adds its own to the restored checkpoint's; the work a killed one did
-        # after its last checkpoint is redone, not counted twice). None once unknown: a
-        # checkpoint saved before wall_s was recorded.
-        before = plan.found.meta.get("wall_s") if plan.found else 0.0
-        wall_s = None if before is None else \
-            (lambda: round(before + time.perf_counter() - began, 3))
+        if options.alongside is not None:
+            threads.submit(options.alongside, run, trainer)
         try:
-            state = _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at,
-                              progress, hooks, log, wall_s)
+            state = Loop(trainer, run, metrics_log, options).train(state, skipped)
         finally:
             metrics_log.close()
-    return state, plan.tokenizer
+    return state
 
 
 def _precompile_quietly(trainer: Trainer, batch: dict, which) -> None:
@@ -136,31 +116,6 @@ def finished_line(workdir, step: int) -> str:
     return (f"{workdir} is finished: its checkpoint is at step {step} = train.steps; to train "
             f"longer pass --config.train.steps=N (N > {step}) --allow_change=train.steps; "
             f"to sample: python sample.py --workdir={workdir}")
-
-
-def _run_loop(trainer, plan, state, skipped, metrics_log, meta, stop_at, progress, hooks,
-              log, wall_s=None):
-    t = plan.config.train
-    begin, first = time.perf_counter(), int(state.step)
-    end = t.steps if stop_at is None else min(stop_at, t.steps)
-    ckpts = checkpoint.Checkpoints(plan.workdir, keep=t.keep_checkpoints)
-    bar = Progress(first, t.steps, enabled=progress, lines=jax.process_index() == 0)
-    hooks.install()
-    guard = NonFiniteGuard(t.nonfinite, skipped)
-    trace = StepTrace(t.profile, plan.workdir, log, enabled=jax.process_index() == 0)
-    loop = Loop(trainer, plan.source, ckpts, metrics_log, meta, guard, hooks, bar,
-                data.tokens_per_byte(plan.tokenizer, plan.source), trace,
-                tokens_before=start_lib.tokens_trained(plan.found), wall_s=wall_s)
-    try:
-        state = loop.run(state, first, end)
-    finally:
-        bar.close()
-        ckpts.wait()  # a save in flight is committed even when the run stops with an error
-        ckpts.close()
-    if first < end:
-        log(f"trained steps {first}..{end} in {time.perf_counter() - begin:.1f}s "
-            f"(evaluation {loop.eval_seconds:.1f}s of it)")
-    return state
 
 
 def summary(config, params, tokenizer, corpus_desc: str) -> str:

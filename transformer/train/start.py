@@ -1,11 +1,17 @@
-"""Where a run starts, in the order it happens:
+"""Where a run starts: `prepare` works each value out once, in the order the run needs them,
+and hands them on as one `Run`; `claim` makes the first write.
 
-    config, matmul = resolve_config(config)              validated; model.matmul=auto made concrete
-    plan = prepare(config, workdir, mesh, allow_change)  reads only: the checkpoint to continue
-                                                         from, the data (and its tokenizer), the
-                                                         config's derived values, resume rules
-    with claim(plan):                                    the first writes: lock, damaged aside
-        state, skipped = initial_state(trainer, plan)    restored, imported (train.init_from) or
+    run = prepare(config, workdir, allow_change=...)     reads only, top to bottom:
+        the config     validated (unless its caller did: train.py, see `prepare`)
+        the mesh       made once per process (or the caller's)
+        the config     `auto` fields made concrete (concrete)
+        the state      the newest good checkpoint to continue from, a resumed model's sizes
+                       checked against the mesh before any checkpoint is read (find_checkpoint)
+        the data       the corpus, with the checkpoint's or train.init_from's tokenizer
+        the config     derived values filled in (derive: vocab_size=0), the resume rules, a
+                       fresh model's sizes checked against the mesh
+    with claim(run):                                     the first writes: lock, damaged aside
+        state, skipped = initial_state(trainer, run)     restored, imported (train.init_from) or
                                                          fresh: the one place a state is made
 
 Every check that needs no write fails in `prepare`, so a refused run leaves its workdir as it
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +35,24 @@ from transformer import checkpoint, data
 from transformer import config as config_lib
 from transformer.config import ConfigError, depth, resume
 from transformer.hf import load as hf_load
+from transformer.config import ModelConfig
 from transformer.model import kernels
 from transformer.model.kernels import auto
 from transformer.parallel import processes, sharding
 from transformer.train import workdir as workdir_lib
-from transformer.train.trainer import Trainer, TrainState
+from transformer.train.optimizer import make_optimizer
+from transformer.train.trainer import Trainer, TrainState, layout
 from transformer.train.workdir import WorkdirLock
 
 
-def resolve_config(config, platform: str | None = None):
-    """(this run's own validated copy of `config` with what model.depth derives filled in,
-    `model.matmul=auto` made concrete for `platform` (the mesh's devices; default this host's
-    backend) and `train.muon_ns_dtype=auto` after it, the auto.Choice saying why); the
-    caller's config is left as it is."""
-    # model.depth's sizes, rates, batch and horizon: derived here, once (config/depth.py).
-    config = config_lib.validate(depth.derive(config_lib.validate(config)))
+def concrete(config, platform: str | None = None):
+    """(a copy of the validated `config` with what model.depth derives filled in (config/
+    depth.py; the derived values validated), `model.matmul=auto` made concrete for `platform`
+    (the mesh's devices; default this host's backend) and `train.muon_ns_dtype=auto` after it,
+    the auto.Choice saying why); the caller's config is left as it is."""
+    derived = depth.derive(config)
+    if derived is not config:  # model.depth set: its sizes, rates, batch and horizon
+        config = config_lib.validate(derived)
     config, choice = auto.resolve(config_lib.replace(config), platform)
     if config.train.muon_ns_dtype == "auto":
         config = config_lib.replace(config, **{"train.muon_ns_dtype":
@@ -58,7 +68,7 @@ def check_attention_kernel(config, platform: str) -> None:
                           f"GPU, this run is on {platform}; use attention_kernel=jax")
 
 
-def resolve(config, tokenizer, mesh=None, saved=None):
+def derive(config, tokenizer, mesh=None, saved=None):
     """The config with derived values filled in (a new one; `config` is left as it is): the
     vocabulary size from the tokenizer when it is 0, padded up to a multiple of
     model.vocab_multiple and of the pieces `mesh` splits the vocabulary into (so that
@@ -90,43 +100,50 @@ def resolve(config, tokenizer, mesh=None, saved=None):
     return config
 
 
-def saved_config(workdir) -> dict | None:
-    """The config the newest checkpoint in `workdir` was saved with (derived values as that
-    run resolved them), or None: how a caller after training (train.py's sample) resolves
-    vocab_size=0 as training did, on whatever mesh the run padded it for."""
-    if not checkpoint.directory(workdir).is_dir():
-        return None
-    ckpts = checkpoint.Checkpoints(workdir, read_only=True)
-    try:
-        steps = ckpts.all_steps()
-        return ckpts.read_meta(steps[-1])["config"] if steps else None
-    finally:
-        ckpts.close()
-
-
 @dataclasses.dataclass
-class Plan:
-    """What a run found before writing anything."""
+class Run:
+    """What a run's start worked out, each value once, before writing anything: the loop, the
+    checkpoints' meta and train.py's sample after training read it, and work none of it out
+    again."""
 
     workdir: Path
-    config: Any                       # validated, derived values filled in
+    config: Any                       # validated, `auto` concrete, derived values filled in
+    matmul: auto.Choice               # what model.matmul is, and why
+    mesh: jax.sharding.Mesh           # made once per process
     tokenizer: Any
     source: Any                       # the batches (data.load)
     found: checkpoint.Restored | None  # the checkpoint to continue from
     damaged: list[int]                # steps to move aside before saving again
-    changes: dict = dataclasses.field(default_factory=dict)  # vs the checkpoint's config
+    changes: dict                     # vs the checkpoint's config
+    began: float                      # time.perf_counter() at this invocation's start
+
+    @property
+    def tokens_trained(self) -> int:
+        """Tokens trained through the checkpoint it continues (0 for a fresh run): saved with
+        it, as the batch size may have changed on a resume; a checkpoint saved before that
+        counts its steps at the batch of the config it was saved with."""
+        if self.found is None:
+            return 0
+        if "tokens" in self.found.meta:
+            return int(self.found.meta["tokens"])
+        saved = self.found.meta["config"]
+        return self.found.step * saved["train"]["batch_size"] * saved["model"]["max_seq_len"]
 
 
-def abstract_checkpoint(config, mesh=None):
+def abstract_checkpoint(config, mesh):
     """The abstract (params, train item) of a run with this config on `mesh`: shapes, dtypes
-    and shardings, what a restore reads into."""
-    abstract = Trainer.build(config, mesh).abstract_state()
+    and shardings from jax.eval_shape (trainer.layout, as Trainer.build places the state), what
+    a restore reads into."""
+    abstract = layout(ModelConfig.from_config(config),
+                      make_optimizer(config.train, config.model.d_model), mesh,
+                      sharding.axis_rules(config))
     return abstract.params, {"step": abstract.step, "opt_state": abstract.opt_state}
 
 
-def find_checkpoint(workdir, config, mesh=None):
+def find_checkpoint(workdir, config, mesh):
     """(the newest good checkpoint or None, steps found damaged); reads, never writes.
-    Restores onto `mesh` with this config's sharding rules (a run may resume on another mesh)."""
+    Restores onto `mesh` with this config's sharding rules (a run may resume on another mesh),
+    once the mesh is known to split the saved model: a resumed run's one fit check."""
     if not checkpoint.directory(workdir).is_dir():
         return None, []
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
@@ -144,7 +161,7 @@ def find_checkpoint(workdir, config, mesh=None):
 
     damaged = []
     try:
-        _check_fits_checkpoint(ckpts, steps[-1], on_this_mesh, mesh, workdir)
+        _check_fits_checkpoint(ckpts, steps, on_this_mesh, mesh, workdir)
         found = ckpts.restore_good(
             lambda meta: abstract_checkpoint(on_this_mesh(meta["config"]), mesh),
             on_damaged=damaged.append)
@@ -153,20 +170,22 @@ def find_checkpoint(workdir, config, mesh=None):
     return found, damaged
 
 
-def _check_fits_checkpoint(ckpts, step: int, on_this_mesh, mesh, workdir) -> None:
-    """Refuses in one line a mesh that cannot split the model saved at `step` (its sizes are
-    the checkpoint's: a vocabulary padded for another mesh, heads): restoring would fail in
-    every checkpoint alike, and restore_good would report each as damaged. Processes agree;
-    a meta that cannot be read leaves the verdict to restore_good (damage)."""
-    error = None
-    try:
-        config = on_this_mesh(ckpts.read_meta(step)["config"])
-    except Exception:  # noqa: BLE001 -- damaged: restore_good says so, and falls back
-        config = None
+def _check_fits_checkpoint(ckpts, steps: list[int], on_this_mesh, mesh, workdir) -> None:
+    """Refuses in one line a mesh that cannot split the saved model (its sizes are the
+    checkpoint's: a vocabulary padded for another mesh, heads; the same in all of a run's
+    checkpoints, resume.FIXED), as the newest meta that reads says them: restoring would fail
+    in every checkpoint alike, and restore_good would report each as damaged. Processes
+    agree; with no meta that reads, restore_good has nothing to restore and says so."""
+    error, config = None, None
+    for step in reversed(steps):
+        try:
+            config = on_this_mesh(ckpts.read_meta(step)["config"])
+            break
+        except Exception:  # noqa: BLE001 -- damaged: restore_good says so, and falls back
+            continue
     if config is not None:
         try:
-            sharding.check_fits(config, sharding.make_mesh(config.mesh) if mesh is None
-                                else mesh, checkpoint=workdir)
+            sharding.check_fits(config, mesh, checkpoint=workdir)
         except ConfigError as e:
             error = e
     if processes.max_over_processes(int(error is not None)):
@@ -174,9 +193,19 @@ def _check_fits_checkpoint(ckpts, step: int, on_this_mesh, mesh, workdir) -> Non
                           "does not fit this mesh (another process says why)")
 
 
-def prepare(config, workdir, mesh, allow_change=()) -> Plan:
-    """Reads the workdir and the data and checks everything that needs no write."""
+def prepare(config, workdir, mesh=None, allow_change=(), *, validated: bool = False) -> Run:
+    """The run in `workdir` worked out from `config`, reading only (the module docstring's
+    order: config, mesh, checkpoint, data, derived values), everything that needs no write
+    checked. `mesh`: default, the one config.mesh describes over every device.
+
+    The config is validated here unless the caller says it did (`validated=True`): train.py
+    validates before it imports jax, so that a bad value is refused in a blink, and hands the
+    validated config on; a library caller (tests, scaling sweeps) hands a raw one."""
+    began = time.perf_counter()
     resume.check_names(allow_change)
+    config = config if validated else config_lib.validate(config)
+    mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+    config, matmul = concrete(config, sharding.platform(mesh))
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
     if found:  # the run's own tokenizer, saved with it
@@ -184,7 +213,7 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
     else:
         config, tokenizer = _init_from(config)  # None: data.tokenizer decides
     tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
-    config = resolve(config, tokenizer, mesh, found.meta["config"] if found else None)
+    config = derive(config, tokenizer, mesh, found.meta["config"] if found else None)
     diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))
@@ -193,9 +222,11 @@ def prepare(config, workdir, mesh, allow_change=()) -> Plan:
             raise ConfigError(f"train.steps={config.train.steps} is below the checkpoint's step "
                               f"{found.step} in {workdir}: pass train.steps >= {found.step} "
                               "to continue, or sample.py --step=N for an older checkpoint")
-    # Sizes the mesh cannot split: refused here, before claim() writes the workdir.
-    sharding.check_fits(config, sharding.make_mesh(config.mesh) if mesh is None else mesh)
-    return Plan(Path(workdir), config, tokenizer, source, found, damaged, diffs)
+    else:  # sizes the mesh cannot split, refused before claim() writes the workdir (a
+        # resumed model's are its checkpoint's, checked in find_checkpoint before reading it)
+        sharding.check_fits(config, mesh)
+    return Run(Path(workdir), config, matmul, mesh, tokenizer, source, found, damaged, diffs,
+               began)
 
 
 def _init_from(config):
@@ -213,57 +244,45 @@ def _init_from(config):
 
 
 @contextlib.contextmanager
-def claim(plan: Plan):
+def claim(run: Run):
     """Makes the workdir this run's: writable, locked against a second run, damaged
     checkpoints moved aside (so that this run can save those steps again)."""
-    workdir = plan.workdir
+    workdir = run.workdir
     processes.barrier("workdir read")  # no process writes before every one has read it
     workdir_lib.check_writable(workdir)  # the first write to the workdir
     with WorkdirLock(workdir):
-        _check_unchanged(plan)
-        for step in plan.damaged if jax.process_index() == 0 else ():
+        _check_unchanged(run)
+        for step in run.damaged if jax.process_index() == 0 else ():
             checkpoint.quarantine(workdir, step)
         processes.barrier("damaged checkpoints moved")
         yield
 
 
-def _check_unchanged(plan: Plan) -> None:
+def _check_unchanged(run: Run) -> None:
     """The workdir was read before it was locked: a run that ended in between may have saved.
     Every process looks, and they agree (the worst verdict): one that refused alone left the
     others waiting forever at the next barrier (a shared disk's listing may lag on one host)."""
-    folder = checkpoint.directory(plan.workdir)
+    folder = checkpoint.directory(run.workdir)
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
-    newest = plan.found.step if plan.found else 0
-    changed = any(s > newest and s not in plan.damaged for s in steps)
+    newest = run.found.step if run.found else 0
+    changed = any(s > newest and s not in run.damaged for s in steps)
     if processes.max_over_processes(int(changed)):
-        raise workdir_lib.WorkdirError(f"--workdir={plan.workdir}: another run saved a "
+        raise workdir_lib.WorkdirError(f"--workdir={run.workdir}: another run saved a "
                                       "checkpoint there while this one started"
                                       + ("" if changed else " (another process saw it)")
                                       + "; run again")
 
 
-def tokens_trained(found: checkpoint.Restored | None) -> int:
-    """Tokens trained through a checkpoint (0 with none): saved with it, as the batch size may
-    have changed on a resume; a checkpoint saved before that counts its steps at the batch
-    of the config it was saved with."""
-    if found is None:
-        return 0
-    if "tokens" in found.meta:
-        return int(found.meta["tokens"])
-    saved = found.meta["config"]
-    return found.step * saved["train"]["batch_size"] * saved["model"]["max_seq_len"]
-
-
-def initial_state(trainer: Trainer, plan: Plan) -> tuple[TrainState, int]:
+def initial_state(trainer: Trainer, run: Run) -> tuple[TrainState, int]:
     """(state, steps skipped so far): the checkpoint's, the imported weights' or a fresh one."""
-    if plan.found is None and plan.config.train.init_from:
+    if run.found is None and run.config.train.init_from:
         return imported_state(trainer), 0
-    if plan.found is None:
-        return trainer.init(plan.config.train.seed), 0
-    found = plan.found
+    if run.found is None:
+        return trainer.init(run.config.train.seed), 0
+    found = run.found
     state = TrainState(found.train["step"], found.params, found.train["opt_state"])
     if jax.tree.structure(state) != jax.tree.structure(trainer.abstract_state()):
-        raise ConfigError(f"{plan.workdir}: the allowed config change alters the optimizer "
+        raise ConfigError(f"{run.workdir}: the allowed config change alters the optimizer "
                           "state's layout (train.grad_clip on/off?); use a new --workdir")
     return state, found.meta.get("skipped_steps", 0)
 

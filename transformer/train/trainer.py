@@ -51,23 +51,21 @@ class Trainer:
     batch_sharding: jax.sharding.NamedSharding
     step_fn: Callable
     eval_fn: Callable
+    abstract: TrainState              # layout(): shapes, dtypes and shardings of the state
 
     @classmethod
-    def build(cls, config, mesh=None, processes: int | None = None) -> "Trainer":
-        """Compiles for `mesh` (default: the one config.mesh describes over every device), whose
-        devices decide what the programs become (a TPU topology's on a CPU host: tools/compile.py);
-        `processes`: the hosts that will run it (default: this run's).
-        Raises ConfigError when the mesh does not fit the devices or cannot split the model."""
+    def build(cls, config, mesh=None) -> "Trainer":
+        """Compiles for `mesh` (default: the one config.mesh describes over every device; a
+        run hands its own, made once at its start). Checks no sizes: a run's start checks
+        that the mesh splits the model (start.prepare, before anything is written), and a
+        size the mesh cannot split fails here in XLA's words."""
         model_config = ModelConfig.from_config(config)
         optimizer = make_optimizer(config.train, config.model.d_model)
         mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-        sharding.check_fits(config, mesh, processes=processes)
         rules = sharding.axis_rules(config)
-        param_sh = sharding.param_shardings(model_config, mesh, rules)
-        abstract = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
-        state_sh = TrainState(step=sharding.replicated(mesh), params=param_sh,
-                              opt_state=sharding.tree_shardings_like(abstract.opt_state,
-                                                                     param_sh, mesh))
+        abstract = layout(model_config, optimizer, mesh, rules)
+        state_sh = jax.tree.map(lambda a: a.sharding, abstract)
+        param_sh = state_sh.params
         batch_sh = sharding.batch_sharding(mesh, rules)
         replicated = sharding.replicated(mesh)
         step = sharding.constrained(functools.partial(train_step, model_config=model_config,
@@ -89,7 +87,7 @@ class Trainer:
         eval_fn = jax.jit(loss, in_shardings=(param_sh, batch_sh), out_shardings=replicated,
                           compiler_options=options)
         return cls(config, model_config, optimizer, mesh, rules, state_sh, batch_sh,
-                   step_fn, eval_fn)
+                   step_fn, eval_fn, abstract)
 
     def init(self, seed: int) -> TrainState:
         """A fresh state, created directly in its shards (never whole on one device).
@@ -101,9 +99,7 @@ class Trainer:
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and this mesh's shardings: the target a checkpoint restores onto."""
-        shapes = jax.eval_shape(lambda: init_state(self.model_config, self.optimizer, 0))
-        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            shapes, self.state_sharding)
+        return self.abstract
 
     def precompile(self, batch: dict, which=("step", "eval", "save")) -> None:
         """Compiles the step, evaluation and a checkpoint save's fingerprints (`which`) now for
@@ -141,6 +137,19 @@ class Trainer:
         local["weights"] = np.where((at >= len(windows))[:, None], 0.0,
                                     local["weights"]).astype(np.float32)
         return sharding.put_batch(local, self.batch_sharding, B)
+
+
+def layout(model_config: ModelConfig, optimizer, mesh: jax.sharding.Mesh, rules) -> TrainState:
+    """The state's shapes, dtypes and shardings on `mesh` (jax.ShapeDtypeStruct leaves), from
+    jax.eval_shape: nothing is allocated or compiled. What Trainer.build places the state in
+    and what a checkpoint restores into (start.abstract_checkpoint)."""
+    param_sh = sharding.param_shardings(model_config, mesh, rules)
+    shapes = jax.eval_shape(lambda: init_state(model_config, optimizer, 0))
+    shardings = TrainState(step=sharding.replicated(mesh), params=param_sh,
+                           opt_state=sharding.tree_shardings_like(shapes.opt_state, param_sh,
+                                                                  mesh))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        shapes, shardings)
 
 
 def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
