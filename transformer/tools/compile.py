@@ -188,7 +188,6 @@ def resolved_config(config, target):
     from transformer.parallel import sharding
     from transformer.train import start
     config, _ = start.concrete(validate(config), target.platform)
-    start.check_attention_kernel(config, target.platform)
     if config.model.vocab_size == 0:
         vocab = model_config_of(replace(config, **{"model.vocab_multiple": 1})).vocab_size
         mesh = sharding.make_mesh(config.mesh, target.devices)

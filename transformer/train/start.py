@@ -53,6 +53,7 @@ def concrete(config, platform: str | None = None):
     derived = depth.derive(config)
     if derived is not config:  # model.depth set: its sizes, rates, batch and horizon
         config = config_lib.validate(derived)
+    check_attention_kernel(config, platform or jax.default_backend())
     config, choice = auto.resolve(config_lib.replace(config), platform)
     if config.train.muon_ns_dtype == "auto":
         config = config_lib.replace(config, **{"train.muon_ns_dtype":
@@ -73,10 +74,7 @@ def derive(config, tokenizer, mesh=None, saved=None):
     vocabulary size from the tokenizer when it is 0, padded up to a multiple of
     model.vocab_multiple and of the pieces `mesh` splits the vocabulary into (so that
     mesh.tensor=2 needs no hand-padding); a resumed run keeps its checkpoint's (`saved`, the
-    config it was saved with), whatever mesh it resumes on. Refuses what this machine cannot
-    run."""
-    check_attention_kernel(config, jax.default_backend() if mesh is None
-                           else sharding.platform(mesh))
+    config it was saved with), whatever mesh it resumes on."""
     if config.model.vocab_size == 0:
         saved = (saved or {}).get("model", {})
         if saved.get("vocab_size", 0) >= tokenizer.vocab_size:
