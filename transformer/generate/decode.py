@@ -62,10 +62,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import itertools
-import os
-import signal
-import threading
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -73,8 +69,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from transformer import host
 from transformer.config import INT32_MAX, ModelConfig, check_sampling
 from transformer.generate import sampling
+from transformer.generate.interrupt import InterruptBetweenChunks
 from transformer.model import flops, kernels, kvcache
 from transformer.model.gpt import GPT, unstack_layers
 from transformer.parallel import sharding
@@ -95,7 +93,6 @@ MAX_SEED = INT32_MAX  # seeds of sample.py and the server alike: a JAX key holds
 # (2 x uint32), made before the loop, 12 bytes; the process's peak grew by 1.5-1.8x that
 # (1 row x 2**24 tokens, 8 rows x 2**22; 2-vCPU AMD EPYC Zen 5), so twice it is counted.
 BYTES_PER_TOKEN = 24
-CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 
 
 class GenerationError(ValueError):
@@ -531,39 +528,10 @@ def new_caches(*, config: ModelConfig, batch: int, groups: int) -> list:
 SMALL_WEIGHTS_FALLBACK = 16 * 2**20  # bytes: half of a common 32 MB L3, where sysfs is silent
 
 
-def _usable_cores(cgroup: Path = CGROUP) -> int:
-    """The cores this process may run on (taskset, cpusets), at most its CPU quota (a
-    container's `--cpus`: cgroup v2's cpu.max, "quota period" or "max period")."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
-
-
 def _small_weights() -> int:
     """Bytes of weights a decode step may read and still leave cores idle: half the L3."""
-    l3 = _l3_bytes()
+    l3 = host.l3_bytes()
     return l3 // 2 if l3 > 0 else SMALL_WEIGHTS_FALLBACK
-
-
-def _l3_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
-    """CPU 0's level-3 cache from Linux's sysfs (its `size`, e.g. "32768K"), or 0."""
-    for index in sorted(cache_dir.glob("index*")):
-        try:
-            if (index / "level").read_text().strip() == "3":
-                size = (index / "size").read_text().strip()
-                units = {"K": 2**10, "M": 2**20, "G": 2**30}
-                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
-        except (OSError, ValueError):
-            return 0
-    return 0
 
 
 def row_groups(config: ModelConfig, batch: int) -> int:
@@ -577,7 +545,7 @@ def row_groups(config: ModelConfig, batch: int) -> int:
         2 if kernels.decode_matmul(config, batch) == "fast_bf16" else 4)
     if weight_bytes > _small_weights():
         return 1
-    return whole_groups(batch, min(_usable_cores(), batch))
+    return whole_groups(batch, min(host.usable_cores(), batch))
 
 
 def whole_groups(batch: int, groups: int) -> int:
@@ -647,30 +615,16 @@ def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new
                       *map(like, knobs)).compile()
 
 
-def _available_memory(meminfo: Path = Path("/proc/meminfo"),
-                      cgroup: Path = CGROUP) -> int | None:
-    """Bytes this process can still take: Linux's MemAvailable, at most what its cgroup's
-    memory.max leaves (a container's limit, which MemAvailable does not see); on an
-    accelerator, its free memory. None where nothing is known."""
+def _available_memory() -> int | None:
+    """Bytes this process can still take: on a CPU the host's (`host.available_memory`:
+    MemAvailable, at most the cgroup's memory.max), on an accelerator its free memory. None
+    where nothing is known."""
     if jax.default_backend() != "cpu":
         stats = jax.devices()[0].memory_stats() or {}
         if "bytes_limit" in stats:
             return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
         return None
-    known = []
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                known.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            known.append(int(limit) - int((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(known) if known else None
+    return host.available_memory()
 
 
 def check_buffers(batch: int, budget: int, max_new_tokens: int) -> None:
@@ -794,7 +748,7 @@ def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs
     Memory: one chunk's buffers, plus 4 bytes per token and row for the returned tokens."""
     B, chunk, eos_id = prompt_BP.shape[0], _chunk(config), int(knobs[3])
     pieces, done_B, made, carry = [], np.zeros(B, bool), 0, None
-    with _InterruptBetweenChunks() as interrupt:
+    with InterruptBetweenChunks() as interrupt:
         while made < max_new_tokens and not done_B.all():
             interrupt.check()
             n = np.int32(min(chunk, max_new_tokens - made))
@@ -831,29 +785,3 @@ def _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made, carry, o
         return out_BN, carry
     finally:
         _SINKS.pop(stream_id, None)
-
-
-class _InterruptBetweenChunks:
-    """While a long generation runs: Ctrl-C (SIGINT) only asks it to stop, and `check`, called
-    between chunks, raises the KeyboardInterrupt there, outside any device call (raised
-    inside the streaming callback it would abort the call with an XLA error instead). A
-    second Ctrl-C interrupts at once. Only in the main thread, where signals are handled."""
-
-    def __enter__(self):
-        self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def _on_sigint(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def check(self) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        return False
