@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer import host
-from transformer.generate import decode, sampling
+from transformer.generate import decode, sampling, step
 from transformer.model import kvcache
 from transformer.model.gpt import GPT, init_params, stack_layers
 
@@ -36,7 +36,7 @@ def _full_logits(config, params, seq):
 
 # Compiled as the decode program runs them (eagerly, each op of every shape was a program of
 # its own: ~4 s of the test below); index traced, so the steps share one program.
-_jit_forward = jax.jit(decode._forward, static_argnums=0)
+_jit_forward = jax.jit(step.forward, static_argnums=0)
 _jit_full_logits = jax.jit(_full_logits, static_argnums=0)
 
 

@@ -45,6 +45,10 @@ goes on from the most recent tokens, by one of two policies (`window_policy`):
 
 A prompt longer than the context continues from its last S tokens.
 
+What one step does (the model call, the keys, the sampling, the re-prefill's window) is
+step.py's, which the server's continuous batching (slots.py) runs too; this module is the
+driver for one batch: buckets, the compiled loops, streaming, chunks, groups and meshes.
+
 On a device mesh (`generate(..., mesh=, rules=)`) the same program is compiled with explicit
 shardings: parameters as in training, the KV cache split over batch rows and heads, the
 prompts and the returned tokens copied on every device.
@@ -59,7 +63,6 @@ leaves cores idle in such a model's decode step.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import itertools
 from typing import NamedTuple
@@ -71,10 +74,10 @@ from jax.experimental import io_callback
 
 from transformer import host
 from transformer.config import INT32_MAX, ModelConfig, check_sampling
-from transformer.generate import sampling
+from transformer.generate import step
 from transformer.generate.interrupt import InterruptBetweenChunks
+from transformer.generate.step import keep_length, window_policy
 from transformer.model import flops, kernels, kvcache
-from transformer.model.gpt import GPT, unstack_layers
 from transformer.parallel import sharding
 
 PAD_ID = 0
@@ -101,18 +104,6 @@ class GenerationError(ValueError):
 
 class PromptError(GenerationError):
     """A prompt that cannot be generated from (empty, or holding ids outside the vocabulary)."""
-
-
-def window_policy(config: ModelConfig) -> str:
-    """How generation goes on once the cache is full: "roll" or "reprefill" (module doc)."""
-    if config.position == "rope" and 0 < config.sliding_window < config.max_seq_len:
-        return "roll"
-    return "reprefill"
-
-
-def keep_length(max_seq_len: int) -> int:
-    """W: how many of the most recent tokens a re-prefill keeps."""
-    return max(1, max_seq_len // 2)
 
 
 def _bucket(n: int, cap: int | None = None) -> int:
@@ -183,24 +174,6 @@ def check_args(config: ModelConfig, prompts, max_new_tokens, temperature, top_k,
                               f"[0, {config.vocab_size})")
 
 
-def _positions(index, T: int, start_B):
-    """Each row counts positions from its first real token; padding slots get position 0."""
-    return jnp.maximum(index + jnp.arange(T)[None, :] - start_B[:, None], 0)
-
-
-def _slide_start(start_B, shift: int):
-    """Where each row's real tokens start once the cache's content moves `shift` slots left."""
-    return jnp.maximum(start_B - shift, 0)
-
-
-def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
-    """The one function decoding needs from the model: tokens + cache → logits + cache.
-    `index` counts slots from the start of the text; the model writes slot index mod S."""
-    positions_BT = _positions(index, tokens_BT.shape[1], start_B)
-    return GPT(config).apply({"params": params}, tokens_BT, positions_BT,
-                             cache=cache, index=index, start_B=start_B)
-
-
 class _State(NamedTuple):
     cache: list            # per layer {'k', 'v'}: [B·G, S or a prefix, K]
     token_B: jax.Array     # the last token sampled, not yet in the cache
@@ -222,16 +195,12 @@ class _Loop(NamedTuple):
     stream_id: jax.Array | None  # None: no streaming
     budget: int
 
-    def forward(self, tokens_BT, cache, index, start_B):
-        return _forward(self.config, self.params, tokens_BT, cache, index, start_B)
-
     def running(self, state: _State):
         return (state.i < self.n) & ~jnp.all(state.done_B)
 
-    def emit(self, state: _State, logits_BV) -> _State:
-        """Samples token i from logits_BV and records it."""
-        temperature, top_k, top_p, eos_id = self.knobs
-        token_B = sampling.sample(logits_BV, self.keys_NB2[state.i], temperature, top_k, top_p)
+    def emit(self, state: _State, token_B) -> _State:
+        """Records token_B (sampled with key i) as token i."""
+        eos_id = self.knobs[3]
         token_B = jnp.where(state.done_B, PAD_ID, token_B)
         done_B = state.done_B | (token_B == eos_id)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
@@ -256,28 +225,28 @@ class _Loop(NamedTuple):
 
     def step(self, state: _State) -> _State:
         """Writes the last token into the cache and samples the next one."""
-        logits_B1V, cache = self.forward(state.token_B[:, None], state.cache, state.index,
-                                         state.start_B)
+        cache, token_B = step.next_token(self.config, self.params, state.cache, state.token_B,
+                                         state.index, state.start_B, self.keys_NB2[state.i],
+                                         self.knobs[:3])
         history_BS = state.history_BS
         if window_policy(self.config) == "reprefill":  # a ring ("roll") never re-reads tokens
             history_BS = jax.lax.dynamic_update_slice(history_BS, state.token_B[:, None],
                                                       (0, state.index))
         state = state._replace(cache=cache, index=state.index + 1, history_BS=history_BS)
-        return self.emit(state, logits_B1V[:, 0])
+        return self.emit(state, token_B)
 
     def reprefill(self, state: _State) -> _State:
         """The cache is full: the last W tokens (the unwritten one included) into slots
         0 .. W-1, positions from 0, and the next token from the last one's logits."""
-        S = self.config.max_seq_len
-        W = keep_length(S)
-        shift = S - W + 1
-        tokens_BW = jnp.concatenate([state.history_BS[:, shift:], state.token_B[:, None]], 1)
-        start_B = _slide_start(state.start_B, shift)
-        logits_BWV, cache = self.forward(tokens_BW, state.cache, 0, start_B)
+        W = keep_length(self.config.max_seq_len)
+        tokens_BW, start_B = step.reprefill_window(state.history_BS, state.token_B,
+                                                   state.start_B)
+        cache, token_B = step.prefill(self.config, self.params, state.cache, tokens_BW, start_B,
+                                      W - 1, self.keys_NB2[state.i], self.knobs[:3])
         history_BS = jax.lax.dynamic_update_slice(state.history_BS, tokens_BW, (0, 0))
         state = state._replace(cache=cache, index=jnp.int32(W), start_B=start_B,
                                history_BS=history_BS)
-        return self.emit(state, logits_BWV[:, -1])
+        return self.emit(state, token_B)
 
     def fill(self, state: _State, P: int) -> _State:
         """While the cache fills: one loop per cache length (128, 256, 512, ... slots), so a
@@ -308,9 +277,8 @@ class _Loop(NamedTuple):
 
 def _step_keys(key, first, budget: int, rows_B):
     """Key data of steps first .. first+budget-1 for the rows numbered rows_B: [budget, B, 2]."""
-    return jax.random.key_data(jax.vmap(lambda i: jax.vmap(
-        lambda b: jax.random.fold_in(jax.random.fold_in(key, b), first + i))(rows_B))(
-            jnp.arange(budget)))
+    return jax.vmap(lambda i: jax.vmap(lambda b: step.token_key(key, b, first + i))(rows_B))(
+        jnp.arange(budget))
 
 
 class _Carry(NamedTuple):
@@ -341,14 +309,10 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     decoded with that batch's keys and layout, a group of rows (`decode_groups`) makes the
     tokens the whole batch makes, up to the rounding of its own batch size.
     """
-    config = dataclasses.replace(config, scan_layers=False)
-    params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
-    config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
-    # Row b's key at step i = fold_in(fold_in(key, b), i): the first k tokens do not depend
-    # on how many are asked for, and row b's tokens not on how many rows decode with it
-    # (sample b of seed s is the same text at --num_samples=1, 2, ...). Computed before the
-    # loops; there the noise is sampling.gumbel_rows' unrolled threefry: XLA-CPU lowers
+    config, params = step.setup(config, params, B)  # once, outside the loop
+    # Row b's key at step i is step.token_key(key, b, i), for every step before the loops;
+    # there the noise is sampling.gumbel_rows' unrolled threefry: XLA-CPU lowers
     # jax.random's threefry to a while loop, and a loop nested in the decode body made XLA
     # copy every layer's cache on every step.
     keys_NB2 = _step_keys(key, 0, budget, first_row + jnp.arange(B))
@@ -362,13 +326,13 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     # holds, so greedy text differed from transformers' on the same weights from token 1.
     prompt_BP, start_B = jnp.roll(prompt_BP, -common, axis=1), start_B - common
     first = jnp.int32(P) - common  # the slot of the first new token
-    logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill
+    cache, token_B = step.prefill(config, params, cache, prompt_BP, start_B, first - 1,
+                                  keys_NB2[0], loop.knobs[:3])
     history_BS = jnp.zeros((B, config.max_seq_len), jnp.int32).at[:, :P].set(prompt_BP)
     state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
                    jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), first,
                    start_B, history_BS)
-    last_BV = jax.lax.dynamic_index_in_dim(logits_BPV, first - 1, axis=1, keepdims=False)
-    state = loop.fill(loop.emit(state, last_BV), P)
+    state = loop.fill(loop.emit(state, token_B), P)
     if P + budget > config.max_seq_len:
         # Otherwise the cache never fills: the budget's steps write at most slots P ..
         # P + budget - 2. Leaving the window policy's loop out of such a program halves the
@@ -388,10 +352,8 @@ def _continue_tokens(params, carry: _Carry, key, first, temperature, top_k, top_
     """The next chunk of a long generation: n more tokens (steps first .. first+n-1, whose
     keys they are) from `carry`, whose cache is full (the first chunk ran at least S steps).
     Returns (tokens_BN of this chunk, the carry for the next one)."""
-    config = dataclasses.replace(config, scan_layers=False)
-    params = unstack_layers(params, config.n_layers)
     B = carry.token_B.shape[0]
-    config, params = kernels.decode_setup(config, params, B)
+    config, params = step.setup(config, params, B)
     loop = _Loop(config, params, _step_keys(key, first, budget, jnp.arange(B)),
                  (temperature, top_k, top_p, eos_id), n, stream_id if stream else None, budget)
     state = _State(carry.cache, carry.token_B, carry.done_B,
