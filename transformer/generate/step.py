@@ -116,4 +116,10 @@ def reprefill_window(history_BS, token_B, start_B):
     shift = S - keep_length(S) + 1
     xp = np if isinstance(history_BS, np.ndarray) else jnp
     tokens_BW = xp.concatenate([history_BS[:, shift:], token_B[:, None]], axis=1)
-    return tokens_BW, xp.maximum(start_B - shift, 0)
+    return tokens_BW, slide_start(start_B, shift)
+
+
+def slide_start(start_B, shift: int):
+    """Where each row's real tokens start once the cache's content moves `shift` slots left
+    (its positions then count from there: a re-prefill restarts them)."""
+    return (np if isinstance(start_B, np.ndarray) else jnp).maximum(start_B - shift, 0)
