@@ -2,8 +2,9 @@
 
 Each room of `transformer/` (a subpackage) may import only the rooms below it; the root
 modules (`cli`, `checkpoint`, `host`) are shared by several rooms and import only what is
-below them; `host` (the machine's facts) imports no room and every room may import it. Nothing imports `tools/` or the package's `__main__`, and nothing in the package
-imports the command lines (train.py, sample.py). Imports inside functions count too: a lazy
+below them; `host` (the machine's facts) imports no room and every room may import it.
+Nothing imports `tools/` or the package's `__main__`, and nothing in the package imports the
+command lines (train.py, sample.py). Imports inside functions count too: a lazy
 import is still a dependence. The checker reads source text only (AST), so a planted wrong
 import is caught without running anything (test below).
 """
