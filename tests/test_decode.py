@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.generate import decode, sampling
+from transformer import host
+from transformer.generate import decode, sampling, step
 from transformer.model import kvcache
 from transformer.model.gpt import GPT, init_params, stack_layers
 
@@ -35,7 +36,7 @@ def _full_logits(config, params, seq):
 
 # Compiled as the decode program runs them (eagerly, each op of every shape was a program of
 # its own: ~4 s of the test below); index traced, so the steps share one program.
-_jit_forward = jax.jit(decode._forward, static_argnums=0)
+_jit_forward = jax.jit(step.forward, static_argnums=0)
 _jit_full_logits = jax.jit(_full_logits, static_argnums=0)
 
 
@@ -290,11 +291,11 @@ def test_row_groups_split_small_models_over_the_cores(tiny_config, monkeypatch):
     """On a CPU: as many equal groups as the cores allow, one for a model whose weights do
     not fit in the cache (its own dots use the cores; the groups would each read them), one
     off the CPU."""
-    monkeypatch.setattr(decode, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     assert [decode.row_groups(tiny_config, b) for b in (1, 2, 3, 8)] == [1, 2, 2, 2]
-    monkeypatch.setattr(decode, "_usable_cores", lambda: 8)
+    monkeypatch.setattr(host, "usable_cores", lambda: 8)
     assert [decode.row_groups(tiny_config, b) for b in (6, 7, 8, 16)] == [6, 7, 8, 8]
-    monkeypatch.setattr(decode, "_usable_cores", lambda: 4)  # 5 rows: 2 + 2 + 1, no empty group
+    monkeypatch.setattr(host, "usable_cores", lambda: 4)  # 5 rows: 2 + 2 + 1, no empty group
     assert [decode.row_groups(tiny_config, b) for b in (3, 5, 7)] == [3, 3, 4]
     monkeypatch.setattr(decode, "_small_weights", lambda: 1000)
     assert decode.row_groups(tiny_config, 8) == 1
@@ -323,16 +324,16 @@ def test_a_containers_cpu_quota_and_memory_limit_count(tmp_path):
     """A container's `--cpus=1.5` (cgroup v2 cpu.max "150000 100000") leaves 2 cores of the
     ones taskset allows, "max" all of them; its memory.max caps what MemAvailable says."""
     (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert decode._usable_cores(tmp_path) == min(2, decode._usable_cores(tmp_path / "none"))
+    assert host.usable_cores(tmp_path) == min(2, host.usable_cores(tmp_path / "none"))
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert decode._usable_cores(tmp_path) == decode._usable_cores(tmp_path / "none")
+    assert host.usable_cores(tmp_path) == host.usable_cores(tmp_path / "none")
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n")
-    assert decode._available_memory(meminfo, tmp_path / "none") == 8000000 * 1024
+    assert host.available_memory(meminfo, tmp_path / "none") == 8000000 * 1024
     (tmp_path / "memory.max").write_text("1073741824\n")
     (tmp_path / "memory.current").write_text("73741824\n")
-    assert decode._available_memory(meminfo, tmp_path) == 10**9
-    assert decode._available_memory(tmp_path / "none", tmp_path / "none") is None
+    assert host.available_memory(meminfo, tmp_path) == 10**9
+    assert host.available_memory(tmp_path / "none", tmp_path / "none") is None
 
 
 def test_the_cache_size_is_read_from_sysfs(tmp_path):
@@ -341,10 +342,10 @@ def test_the_cache_size_is_read_from_sysfs(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "level").write_text(level + "\n")
         (tmp_path / name / "size").write_text(size + "\n")
-    assert decode._l3_bytes(tmp_path) == 32 * 2**20
+    assert host.l3_bytes(tmp_path) == 32 * 2**20
     (tmp_path / "index3" / "size").write_text("4M\n")
-    assert decode._l3_bytes(tmp_path) == 4 * 2**20
-    assert decode._l3_bytes(tmp_path / "missing") == 0  # then SMALL_WEIGHTS_FALLBACK
+    assert host.l3_bytes(tmp_path) == 4 * 2**20
+    assert host.l3_bytes(tmp_path / "missing") == 0  # then SMALL_WEIGHTS_FALLBACK
 
 
 def test_generation_stops_in_the_loop_at_the_end_token(tiny_config, tiny_params):

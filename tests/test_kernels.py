@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, ModelConfig, base_config, validate
-from transformer.generate import decode
+from transformer.generate import decode, step
 from transformer.model import kernels
 from transformer.model.gpt import GPT, init_params
 from transformer.model.kernels import dense
@@ -98,7 +98,7 @@ def test_cached_decoding_matches_the_full_forward_in_fast_modes(setup, mode):
     full_BTV = jax.jit(lambda p, t: GPT(config).apply({"params": p}, t))(params, tokens[:, :9])
     cache = decode.new_cache(config=config, batch=2)
     start_B = jnp.zeros((2,), jnp.int32)
-    forward = jax.jit(decode._forward, static_argnums=0)
+    forward = jax.jit(step.forward, static_argnums=0)
     prefill_BTV, cache = forward(config, params, tokens[:, :8], cache, 0, start_B)
     step_B1V, _ = forward(config, params, tokens[:, 8:9], cache, 8, start_B)
     tol = 1e-4 if mode == "fast_f32" else 3e-2

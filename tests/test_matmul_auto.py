@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from transformer import config as config_lib
+from transformer import host
 from transformer.config import ModelConfig, base_config
 from transformer.model.kernels import auto as matmul_auto
 from transformer.model.kernels.auto import decide_cpu
@@ -32,10 +33,10 @@ def test_cpu_features_decide(flags, cap, mode):
 
 def test_flags_and_isa_cap_are_read():
     text = "processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: none\n"
-    assert matmul_auto.cpu_flags(text) == {"fpu", "avx2", "avx512_bf16"}
-    assert matmul_auto.max_isa("--xla_force_host_platform_device_count=2 "
+    assert host.cpu_flags(text) == {"fpu", "avx2", "avx512_bf16"}
+    assert host.max_isa("--xla_force_host_platform_device_count=2 "
                                "--xla_cpu_max_isa=avx2") == "AVX2"
-    assert matmul_auto.max_isa("") is None and matmul_auto.max_isa(None) is None
+    assert host.max_isa("") is None and host.max_isa(None) is None
 
 
 def test_explicit_mode_wins_and_auto_returns_a_new_config():
@@ -96,7 +97,7 @@ def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
     GFLOP/s), and there bf16 buys halved activations, not faster multiplies."""
     mode = _choice_in_subprocess("")
     f32, bf16 = _interleaved_matmul_rates()
-    rates = f"{matmul_auto.cpu_model()}: float32 {f32 / 1e9:.0f}, bf16 {bf16 / 1e9:.0f} GFLOP/s"
+    rates = f"{host.cpu_model()}: float32 {f32 / 1e9:.0f}, bf16 {bf16 / 1e9:.0f} GFLOP/s"
     if mode == "fast_bf16":
         assert bf16 > 0.9 * f32, rates
     else:

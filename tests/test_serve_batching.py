@@ -21,7 +21,7 @@ import pytest
 
 from tests import serve_run
 from transformer.config import ModelConfig
-from transformer.generate import decode, slots as slots_lib
+from transformer.generate import decode, slots as slots_lib, step as step_lib
 from transformer.model.gpt import init_params
 
 VARIANTS = {
@@ -179,9 +179,10 @@ def test_a_planted_bug_breaks_the_equality(monkeypatch):
     assert batched(config, params, rows) != good
     monkeypatch.undo()
     monkeypatch.setattr(slots_lib, "_programs", uncached)
-    original_forward = slots_lib._forward
-    monkeypatch.setattr(slots_lib, "_forward", lambda c, p, t, cache, index_B, start_B:
-                        original_forward(c, p, t, cache, index_B * 0 + index_B[0], start_B))
+    original_forward = step_lib.forward  # the decode core's, which slots' chunk calls
+    monkeypatch.setattr(step_lib, "forward", lambda c, p, t, cache, index, start_B: (
+        original_forward(c, p, t, cache, index if jnp.ndim(index) == 0
+                         else index * 0 + index[0], start_B)))
     assert batched(config, params, rows) != good
 
 

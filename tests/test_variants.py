@@ -17,6 +17,7 @@ import pytest
 from transformer.config import ConfigError, ModelConfig, base_config, validate
 from transformer.data import batches
 from transformer.generate import decode
+from transformer.generate import step as decode_step
 from transformer.model.gpt import GPT, init_params, stack_layers
 from transformer.train import step as step_lib
 from transformer.train import trainer as training
@@ -57,7 +58,7 @@ def forward(config, params, tokens_BT, positions_BT=None):
     return GPT(config).apply({"params": params}, tokens_BT, positions_BT)
 
 
-cached_forward = jax.jit(decode._forward, static_argnums=0)  # index traced: two compiles
+cached_forward = jax.jit(decode_step.forward, static_argnums=0)  # index traced: two compiles
 
 
 def tokens(B=2, length=T, seed=1):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ModelConfig
-from transformer.generate import decode, sampling
+from transformer.generate import decode, sampling, step
 from transformer.model import attention, kvcache
 from transformer.model.gpt import GPT, init_params
 
@@ -180,10 +180,10 @@ def test_a_write_to_the_wrong_cache_slot_is_caught(monkeypatch, name):
 
 def test_positions_that_do_not_restart_after_a_reprefill_are_caught(monkeypatch):
     """The bug shows only after the first slide: positions keep counting from the old start."""
-    _fails(monkeypatch, "rope", decode, "_slide_start", lambda f: lambda start_B, shift: start_B)
+    _fails(monkeypatch, "rope", step, "slide_start", lambda f: lambda start_B, shift: start_B)
 
 
 def test_ring_positions_taken_from_the_slot_are_caught(monkeypatch):
     """The bug shows only once the ring wraps: position = slot, not the token's place."""
-    _fails(monkeypatch, "rope_window_gqa", decode, "_positions",
+    _fails(monkeypatch, "rope_window_gqa", step, "positions",
            lambda f: lambda index, T, start_B: f(index % S, T, start_B))

@@ -45,6 +45,10 @@ goes on from the most recent tokens, by one of two policies (`window_policy`):
 
 A prompt longer than the context continues from its last S tokens.
 
+What one step does (the model call, the keys, the sampling, the re-prefill's window) is
+step.py's, which the server's continuous batching (slots.py) runs too; this module is the
+driver for one batch: buckets, the compiled loops, streaming, chunks, groups and meshes.
+
 On a device mesh (`generate(..., mesh=, rules=)`) the same program is compiled with explicit
 shardings: parameters as in training, the KV cache split over batch rows and heads, the
 prompts and the returned tokens copied on every device.
@@ -59,13 +63,8 @@ leaves cores idle in such a model's decode step.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import itertools
-import os
-import signal
-import threading
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -73,10 +72,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from transformer import host
 from transformer.config import INT32_MAX, ModelConfig, check_sampling
-from transformer.generate import sampling
+from transformer.generate import step
+from transformer.generate.interrupt import InterruptBetweenChunks
+from transformer.generate.step import keep_length, window_policy
 from transformer.model import flops, kernels, kvcache
-from transformer.model.gpt import GPT, unstack_layers
 from transformer.parallel import sharding
 
 PAD_ID = 0
@@ -95,7 +96,6 @@ MAX_SEED = INT32_MAX  # seeds of sample.py and the server alike: a JAX key holds
 # (2 x uint32), made before the loop, 12 bytes; the process's peak grew by 1.5-1.8x that
 # (1 row x 2**24 tokens, 8 rows x 2**22; 2-vCPU AMD EPYC Zen 5), so twice it is counted.
 BYTES_PER_TOKEN = 24
-CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 
 
 class GenerationError(ValueError):
@@ -104,18 +104,6 @@ class GenerationError(ValueError):
 
 class PromptError(GenerationError):
     """A prompt that cannot be generated from (empty, or holding ids outside the vocabulary)."""
-
-
-def window_policy(config: ModelConfig) -> str:
-    """How generation goes on once the cache is full: "roll" or "reprefill" (module doc)."""
-    if config.position == "rope" and 0 < config.sliding_window < config.max_seq_len:
-        return "roll"
-    return "reprefill"
-
-
-def keep_length(max_seq_len: int) -> int:
-    """W: how many of the most recent tokens a re-prefill keeps."""
-    return max(1, max_seq_len // 2)
 
 
 def _bucket(n: int, cap: int | None = None) -> int:
@@ -186,24 +174,6 @@ def check_args(config: ModelConfig, prompts, max_new_tokens, temperature, top_k,
                               f"[0, {config.vocab_size})")
 
 
-def _positions(index, T: int, start_B):
-    """Each row counts positions from its first real token; padding slots get position 0."""
-    return jnp.maximum(index + jnp.arange(T)[None, :] - start_B[:, None], 0)
-
-
-def _slide_start(start_B, shift: int):
-    """Where each row's real tokens start once the cache's content moves `shift` slots left."""
-    return jnp.maximum(start_B - shift, 0)
-
-
-def _forward(config: ModelConfig, params, tokens_BT, cache, index, start_B):
-    """The one function decoding needs from the model: tokens + cache → logits + cache.
-    `index` counts slots from the start of the text; the model writes slot index mod S."""
-    positions_BT = _positions(index, tokens_BT.shape[1], start_B)
-    return GPT(config).apply({"params": params}, tokens_BT, positions_BT,
-                             cache=cache, index=index, start_B=start_B)
-
-
 class _State(NamedTuple):
     cache: list            # per layer {'k', 'v'}: [B·G, S or a prefix, K]
     token_B: jax.Array     # the last token sampled, not yet in the cache
@@ -225,16 +195,12 @@ class _Loop(NamedTuple):
     stream_id: jax.Array | None  # None: no streaming
     budget: int
 
-    def forward(self, tokens_BT, cache, index, start_B):
-        return _forward(self.config, self.params, tokens_BT, cache, index, start_B)
-
     def running(self, state: _State):
         return (state.i < self.n) & ~jnp.all(state.done_B)
 
-    def emit(self, state: _State, logits_BV) -> _State:
-        """Samples token i from logits_BV and records it."""
-        temperature, top_k, top_p, eos_id = self.knobs
-        token_B = sampling.sample(logits_BV, self.keys_NB2[state.i], temperature, top_k, top_p)
+    def emit(self, state: _State, token_B) -> _State:
+        """Records token_B (sampled with key i) as token i."""
+        eos_id = self.knobs[3]
         token_B = jnp.where(state.done_B, PAD_ID, token_B)
         done_B = state.done_B | (token_B == eos_id)
         out_BN = jax.lax.dynamic_update_slice(state.out_BN, token_B[:, None], (0, state.i))
@@ -259,28 +225,28 @@ class _Loop(NamedTuple):
 
     def step(self, state: _State) -> _State:
         """Writes the last token into the cache and samples the next one."""
-        logits_B1V, cache = self.forward(state.token_B[:, None], state.cache, state.index,
-                                         state.start_B)
+        cache, token_B = step.next_token(self.config, self.params, state.cache, state.token_B,
+                                         state.index, state.start_B, self.keys_NB2[state.i],
+                                         self.knobs[:3])
         history_BS = state.history_BS
         if window_policy(self.config) == "reprefill":  # a ring ("roll") never re-reads tokens
             history_BS = jax.lax.dynamic_update_slice(history_BS, state.token_B[:, None],
                                                       (0, state.index))
         state = state._replace(cache=cache, index=state.index + 1, history_BS=history_BS)
-        return self.emit(state, logits_B1V[:, 0])
+        return self.emit(state, token_B)
 
     def reprefill(self, state: _State) -> _State:
         """The cache is full: the last W tokens (the unwritten one included) into slots
         0 .. W-1, positions from 0, and the next token from the last one's logits."""
-        S = self.config.max_seq_len
-        W = keep_length(S)
-        shift = S - W + 1
-        tokens_BW = jnp.concatenate([state.history_BS[:, shift:], state.token_B[:, None]], 1)
-        start_B = _slide_start(state.start_B, shift)
-        logits_BWV, cache = self.forward(tokens_BW, state.cache, 0, start_B)
+        W = keep_length(self.config.max_seq_len)
+        tokens_BW, start_B = step.reprefill_window(state.history_BS, state.token_B,
+                                                   state.start_B)
+        cache, token_B = step.prefill(self.config, self.params, state.cache, tokens_BW, start_B,
+                                      W - 1, self.keys_NB2[state.i], self.knobs[:3])
         history_BS = jax.lax.dynamic_update_slice(state.history_BS, tokens_BW, (0, 0))
         state = state._replace(cache=cache, index=jnp.int32(W), start_B=start_B,
                                history_BS=history_BS)
-        return self.emit(state, logits_BWV[:, -1])
+        return self.emit(state, token_B)
 
     def fill(self, state: _State, P: int) -> _State:
         """While the cache fills: one loop per cache length (128, 256, 512, ... slots), so a
@@ -311,9 +277,8 @@ class _Loop(NamedTuple):
 
 def _step_keys(key, first, budget: int, rows_B):
     """Key data of steps first .. first+budget-1 for the rows numbered rows_B: [budget, B, 2]."""
-    return jax.random.key_data(jax.vmap(lambda i: jax.vmap(
-        lambda b: jax.random.fold_in(jax.random.fold_in(key, b), first + i))(rows_B))(
-            jnp.arange(budget)))
+    return jax.vmap(lambda i: jax.vmap(lambda b: step.token_key(key, b, first + i))(rows_B))(
+        jnp.arange(budget))
 
 
 class _Carry(NamedTuple):
@@ -344,14 +309,10 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     decoded with that batch's keys and layout, a group of rows (`decode_groups`) makes the
     tokens the whole batch makes, up to the rounding of its own batch size.
     """
-    config = dataclasses.replace(config, scan_layers=False)
-    params = unstack_layers(params, config.n_layers)  # once, outside the loop
     B, P = prompt_BP.shape
-    config, params = kernels.decode_setup(config, params, B)  # bf16 kernels, or not
-    # Row b's key at step i = fold_in(fold_in(key, b), i): the first k tokens do not depend
-    # on how many are asked for, and row b's tokens not on how many rows decode with it
-    # (sample b of seed s is the same text at --num_samples=1, 2, ...). Computed before the
-    # loops; there the noise is sampling.gumbel_rows' unrolled threefry: XLA-CPU lowers
+    config, params = step.setup(config, params, B)  # once, outside the loop
+    # Row b's key at step i is step.token_key(key, b, i), for every step before the loops;
+    # there the noise is sampling.gumbel_rows' unrolled threefry: XLA-CPU lowers
     # jax.random's threefry to a while loop, and a loop nested in the decode body made XLA
     # copy every layer's cache on every step.
     keys_NB2 = _step_keys(key, 0, budget, first_row + jnp.arange(B))
@@ -365,13 +326,13 @@ def _generate_tokens(params, cache, prompt_BP, start_B, key, temperature, top_k,
     # holds, so greedy text differed from transformers' on the same weights from token 1.
     prompt_BP, start_B = jnp.roll(prompt_BP, -common, axis=1), start_B - common
     first = jnp.int32(P) - common  # the slot of the first new token
-    logits_BPV, cache = loop.forward(prompt_BP, cache, 0, start_B)  # the prefill
+    cache, token_B = step.prefill(config, params, cache, prompt_BP, start_B, first - 1,
+                                  keys_NB2[0], loop.knobs[:3])
     history_BS = jnp.zeros((B, config.max_seq_len), jnp.int32).at[:, :P].set(prompt_BP)
     state = _State(cache, jnp.zeros(B, jnp.int32), jnp.zeros(B, bool),
                    jnp.full((B, budget), PAD_ID, jnp.int32), jnp.int32(0), first,
                    start_B, history_BS)
-    last_BV = jax.lax.dynamic_index_in_dim(logits_BPV, first - 1, axis=1, keepdims=False)
-    state = loop.fill(loop.emit(state, last_BV), P)
+    state = loop.fill(loop.emit(state, token_B), P)
     if P + budget > config.max_seq_len:
         # Otherwise the cache never fills: the budget's steps write at most slots P ..
         # P + budget - 2. Leaving the window policy's loop out of such a program halves the
@@ -391,10 +352,8 @@ def _continue_tokens(params, carry: _Carry, key, first, temperature, top_k, top_
     """The next chunk of a long generation: n more tokens (steps first .. first+n-1, whose
     keys they are) from `carry`, whose cache is full (the first chunk ran at least S steps).
     Returns (tokens_BN of this chunk, the carry for the next one)."""
-    config = dataclasses.replace(config, scan_layers=False)
-    params = unstack_layers(params, config.n_layers)
     B = carry.token_B.shape[0]
-    config, params = kernels.decode_setup(config, params, B)
+    config, params = step.setup(config, params, B)
     loop = _Loop(config, params, _step_keys(key, first, budget, jnp.arange(B)),
                  (temperature, top_k, top_p, eos_id), n, stream_id if stream else None, budget)
     state = _State(carry.cache, carry.token_B, carry.done_B,
@@ -537,39 +496,10 @@ def new_caches(*, config: ModelConfig, batch: int, groups: int) -> list:
 SMALL_WEIGHTS_FALLBACK = 16 * 2**20  # bytes: half of a common 32 MB L3, where sysfs is silent
 
 
-def _usable_cores(cgroup: Path = CGROUP) -> int:
-    """The cores this process may run on (taskset, cpusets), at most its CPU quota (a
-    container's `--cpus`: cgroup v2's cpu.max, "quota period" or "max period")."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
-
-
 def _small_weights() -> int:
     """Bytes of weights a decode step may read and still leave cores idle: half the L3."""
-    l3 = _l3_bytes()
+    l3 = host.l3_bytes()
     return l3 // 2 if l3 > 0 else SMALL_WEIGHTS_FALLBACK
-
-
-def _l3_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
-    """CPU 0's level-3 cache from Linux's sysfs (its `size`, e.g. "32768K"), or 0."""
-    for index in sorted(cache_dir.glob("index*")):
-        try:
-            if (index / "level").read_text().strip() == "3":
-                size = (index / "size").read_text().strip()
-                units = {"K": 2**10, "M": 2**20, "G": 2**30}
-                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
-        except (OSError, ValueError):
-            return 0
-    return 0
 
 
 def row_groups(config: ModelConfig, batch: int) -> int:
@@ -583,7 +513,7 @@ def row_groups(config: ModelConfig, batch: int) -> int:
         2 if kernels.decode_matmul(config, batch) == "fast_bf16" else 4)
     if weight_bytes > _small_weights():
         return 1
-    return whole_groups(batch, min(_usable_cores(), batch))
+    return whole_groups(batch, min(host.usable_cores(), batch))
 
 
 def whole_groups(batch: int, groups: int) -> int:
@@ -653,30 +583,16 @@ def precompile(config: ModelConfig, params, prompts: list[list[int]], *, max_new
                       *map(like, knobs)).compile()
 
 
-def _available_memory(meminfo: Path = Path("/proc/meminfo"),
-                      cgroup: Path = CGROUP) -> int | None:
-    """Bytes this process can still take: Linux's MemAvailable, at most what its cgroup's
-    memory.max leaves (a container's limit, which MemAvailable does not see); on an
-    accelerator, its free memory. None where nothing is known."""
+def _available_memory() -> int | None:
+    """Bytes this process can still take: on a CPU the host's (`host.available_memory`:
+    MemAvailable, at most the cgroup's memory.max), on an accelerator its free memory. None
+    where nothing is known."""
     if jax.default_backend() != "cpu":
         stats = jax.devices()[0].memory_stats() or {}
         if "bytes_limit" in stats:
             return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
         return None
-    known = []
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                known.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            known.append(int(limit) - int((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(known) if known else None
+    return host.available_memory()
 
 
 def check_buffers(batch: int, budget: int, max_new_tokens: int) -> None:
@@ -800,7 +716,7 @@ def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs
     Memory: one chunk's buffers, plus 4 bytes per token and row for the returned tokens."""
     B, chunk, eos_id = prompt_BP.shape[0], _chunk(config), int(knobs[3])
     pieces, done_B, made, carry = [], np.zeros(B, bool), 0, None
-    with _InterruptBetweenChunks() as interrupt:
+    with InterruptBetweenChunks() as interrupt:
         while made < max_new_tokens and not done_B.all():
             interrupt.check()
             n = np.int32(min(chunk, max_new_tokens - made))
@@ -837,29 +753,3 @@ def _one_chunk(config, params, prompt_BP, start_B, key, knobs, n, made, carry, o
         return out_BN, carry
     finally:
         _SINKS.pop(stream_id, None)
-
-
-class _InterruptBetweenChunks:
-    """While a long generation runs: Ctrl-C (SIGINT) only asks it to stop, and `check`, called
-    between chunks, raises the KeyboardInterrupt there, outside any device call (raised
-    inside the streaming callback it would abort the call with an XLA error instead). A
-    second Ctrl-C interrupts at once. Only in the main thread, where signals are handled."""
-
-    def __enter__(self):
-        self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def _on_sigint(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def check(self) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        return False

@@ -8,6 +8,8 @@ and leaves when done; the others never wait for it.
     tokens_BK, made_B = slots.run_chunk()           CHUNK more tokens for every live slot
     slots.release(b)
 
+The step over the cache, the sampling and the window policies are step.py's, as decode.py's
+are: this module only decides which rows run, where their cache rows are, and when.
 Row b holds exactly what `decode.generate` holds for its text alone, so it samples the same
 tokens (up to the rounding of batched matmuls, as `--num_samples` batches do): its L prompt
 tokens at slots 0 .. L-1, their padding up to the bucket P after them (overwritten by
@@ -29,7 +31,7 @@ row, so rows need not be aligned, and a row's cache is never moved.
   does not advance: its forward pass is computed and thrown away (its write lands in a slot
   it will overwrite before reading). A row's tokens are the same in any bucket: its matmul
   rows, key and knobs are its own.
-- Under "reprefill" (decode.window_policy) a row whose S slots are full is re-prefilled
+- Under "reprefill" (step.window_policy) a row whose S slots are full is re-prefilled
   between chunks (`_reprefill`, the same W tokens and positions as decode's), then goes on.
   Every row that filled by the same chunk is re-prefilled in one call, compiled per row bucket
   as the chunk is (a bucket's spare rows repeat one of them: the same writes twice), not
@@ -53,31 +55,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import ModelConfig
-from transformer.generate import decode, sampling
-from transformer.model import kernels
-from transformer.model.gpt import GPT, unstack_layers
+from transformer.generate import decode, step
 
 CHUNK = decode.STREAM_EVERY  # tokens per device call: the streaming granularity of generate
 
 
 def _row_key(seed, choice, i):
-    """Key data of token i of choice `choice` of seed `seed`: decode's fold_in(fold_in(key(seed),
-    b), i), b being the row a sample.py batch would give that choice."""
-    return jax.random.key_data(
-        jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), choice), i))
-
-
-def _sample_row(logits_1V, key_data, temperature, top_k, top_p):
-    """One row's token, through sampling.sample exactly as decode's loop calls it."""
-    return sampling.sample(logits_1V, key_data[None], temperature, top_k, top_p)[0]
-
-
-def _forward(config, params, tokens_BT, cache, index_B, start_B):
-    """decode._forward with one slot index per row."""
-    positions_BT = jnp.maximum(index_B[:, None] + jnp.arange(tokens_BT.shape[1])[None, :]
-                               - start_B[:, None], 0)
-    return GPT(config).apply({"params": params}, tokens_BT, positions_BT, cache=cache,
-                             index=index_B, start_B=start_B)
+    """Key data of token i of choice `choice` of seed `seed`: decode's key of row b at step i
+    (step.token_key), b being the row a sample.py batch would give that choice."""
+    return step.token_key(jax.random.key(seed), choice, i)
 
 
 def _prefill(params, cache, row, tokens_1P, start, last, seed, choice, i, temperature, top_k,
@@ -88,13 +74,12 @@ def _prefill(params, cache, row, tokens_1P, start, last, seed, choice, i, temper
     G = config.kv_heads
     row_cache = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, row * G, G, axis=0),
                              cache)
-    start_1 = jnp.reshape(start, (1,))
-    logits_1PV, row_cache = decode._forward(config, params, tokens_1P, row_cache, 0, start_1)
+    row_cache, token_1 = step.prefill(config, params, row_cache, tokens_1P,
+                                      jnp.reshape(start, (1,)), last,
+                                      _row_key(seed, choice, i)[None], (temperature, top_k, top_p))
     cache = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, row * G, axis=0),
                          cache, row_cache)
-    logits_1V = jax.lax.dynamic_index_in_dim(logits_1PV, last, axis=1, keepdims=False)
-    token = _sample_row(logits_1V, _row_key(seed, choice, i), temperature, top_k, top_p)
-    return cache, token
+    return cache, token_1[0]
 
 
 def _take_rows(cache, slot_R, G: int):
@@ -126,13 +111,10 @@ def _reprefill_rows(params, cache, slot_R, tokens_RW, start_R, last_R, seed_R, c
     token_R). Each row's token is the one its one-row prefill gives: its matmul rows, key
     and knobs are its own (sample_rows, as the chunk samples)."""
     G = config.kv_heads
-    rows_cache = _take_rows(cache, slot_R, G)
-    logits_RWV, rows_cache = decode._forward(config, params, tokens_RW, rows_cache, 0, start_R)
-    cache = _put_rows(cache, slot_R, rows_cache, G, unique=False)
-    keys_R2 = jax.vmap(_row_key)(seed_R, choice_R, i_R)
-    last_RV = jnp.take_along_axis(logits_RWV, last_R[:, None, None], axis=1)[:, 0]
-    token_R = sampling.sample_rows(last_RV, keys_R2, temperature_R, top_k_R, top_p_R)
-    return cache, token_R
+    rows_cache, token_R = step.prefill(config, params, _take_rows(cache, slot_R, G), tokens_RW,
+                                       start_R, last_R, jax.vmap(_row_key)(seed_R, choice_R, i_R),
+                                       (temperature_R, top_k_R, top_p_R))
+    return _put_rows(cache, slot_R, rows_cache, G, unique=False), token_R
 
 
 class _Rows(NamedTuple):
@@ -148,22 +130,20 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
     """`steps` decode steps for every row that can go. Returns (cache, rows, tokens_BK) with
     tokens_BK[b, t] the row's t-th new token of this chunk (decode.PAD_ID where it made none)."""
     B, S = start_B.shape[0], config.max_seq_len
-    ring = decode.window_policy(config) == "roll"
+    ring = step.window_policy(config) == "roll"
     # Every row's keys for the chunk's steps, before the loop (decode does the same: a
     # threefry inside the loop body made XLA copy the cache every step).
     keys_KB2 = jax.vmap(lambda t: jax.vmap(_row_key)(seed_B, choice_B, rows.i + t))(
         jnp.arange(steps))
 
-    def step(t, carry):
+    def advance(t, carry):
         cache, rows, out_BK = carry
         go_B = rows.live
         if not ring:
             go_B &= rows.index < S  # a full cache waits for the host's re-prefill
-        logits_B1V, cache = _forward(config, params, rows.token[:, None], cache, rows.index,
-                                     start_B)
-        # Each row with its own knobs and key: the token decode's sampling gives it alone.
-        token_B = sampling.sample_rows(logits_B1V[:, 0], keys_KB2[t], temperature_B, top_k_B,
-                                       top_p_B)
+        # Each row with its own slot, knobs and key: the token decode gives it alone.
+        cache, token_B = step.next_token(config, params, cache, rows.token, rows.index, start_B,
+                                         keys_KB2[t], (temperature_B, top_k_B, top_p_B))
         token_B = jnp.where(go_B, token_B, rows.token)
         out_BK = jax.lax.dynamic_update_slice(
             out_BK, jnp.where(go_B, token_B, decode.PAD_ID)[:, None], (0, t))
@@ -173,7 +153,7 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
         return cache, rows, out_BK
 
     out_BK = jnp.full((B, steps), decode.PAD_ID, jnp.int32)
-    return jax.lax.fori_loop(0, steps, step, (cache, rows, out_BK))
+    return jax.lax.fori_loop(0, steps, advance, (cache, rows, out_BK))
 
 
 def _rows_chunk(params, cache, slot_R, rows: _Rows, knobs, *, config: ModelConfig, steps: int):
@@ -223,9 +203,7 @@ class Slots:
     """B slots of one KV cache and the compiled programs that decode them (module doc)."""
 
     def __init__(self, config: ModelConfig, params, max_batch: int, chunk: int = CHUNK):
-        config = dataclasses.replace(config, scan_layers=False)
-        params = unstack_layers(params, config.n_layers)  # once: no per-step slicing
-        self.config, self.params = kernels.decode_setup(config, params, max_batch)
+        self.config, self.params = step.setup(config, params, max_batch)  # once
         self.B, self.S, self.chunk = max_batch, config.max_seq_len, chunk
         self.cache = decode.new_cache(config=self.config, batch=max_batch)
         self.token = np.zeros(max_batch, np.int32)
@@ -254,8 +232,8 @@ class Slots:
             if P >= self.S:
                 break
             P *= 2
-        if decode.window_policy(self.config) == "reprefill":
-            out.add(decode.keep_length(self.S))
+        if step.window_policy(self.config) == "reprefill":
+            out.add(step.keep_length(self.S))
         return sorted(out)
 
     def warm_up(self) -> None:
@@ -268,8 +246,8 @@ class Slots:
         for R in self.row_buckets:
             self._run_rows(np.arange(R))
             lengths = set(self.buckets()) if R > 1 else set()  # admit_many's prefills
-            if decode.window_policy(self.config) == "reprefill":
-                lengths.add(decode.keep_length(self.S))
+            if step.window_policy(self.config) == "reprefill":
+                lengths.add(step.keep_length(self.S))
             for P in sorted(lengths):
                 self._run_reprefill([0] * R, [[decode.PAD_ID] * P] * R, [P - 1] * R)
 
@@ -344,16 +322,13 @@ class Slots:
         included) into its slots 0 .. W-1 with positions from 0, and its next token
         (decode's `reprefill`), all in one call of the smallest row bucket that holds them.
         Returns {slot: its token}."""
-        S = self.S
-        W = decode.keep_length(S)
-        shift = S - W + 1
-        tokens = []
-        for b in need:
-            slot = self.slots[b]
-            slot.history = slot.history[shift:] + [int(self.token[b])]
-            self.start[b] = max(int(self.start[b]) - shift, 0)
-            tokens.append(slot.history)
-        token_R = self._run_reprefill(need, tokens, [W - 1] * len(need))
+        W = step.keep_length(self.S)
+        history_RS = np.asarray([self.slots[b].history for b in need], np.int32)
+        tokens_RW, self.start[need] = step.reprefill_window(history_RS, self.token[need],
+                                                           self.start[need])
+        for b, tokens in zip(need, tokens_RW.tolist()):
+            self.slots[b].history = tokens
+        token_R = self._run_reprefill(need, tokens_RW, [W - 1] * len(need))
         for b, token in zip(need, token_R):
             self.token[b], self.index[b], self.i[b] = token, W, self.i[b] + 1
             self.live[b] = token != self.eos[b] and self.i[b] < self.limit[b]
@@ -378,7 +353,7 @@ class Slots:
         """Up to `chunk` new tokens for every live row. Returns (tokens_BK, made_B): row b's
         new tokens are tokens_BK[b, :made_B[b]] (a re-prefill's token first, if it had one)."""
         reprefilled = {}
-        if decode.window_policy(self.config) == "reprefill":
+        if step.window_policy(self.config) == "reprefill":
             need = np.flatnonzero(self.live & (self.index >= self.S)).tolist()
             if need:
                 reprefilled = self._reprefill(need)
@@ -393,7 +368,7 @@ class Slots:
             rows = np.arange(R) if R == self.B else np.sort(np.concatenate([live, idle]))
             out_BK[rows] = self._run_rows(rows)
         made_B = self.i - before_i
-        if decode.window_policy(self.config) == "reprefill":
+        if step.window_policy(self.config) == "reprefill":
             for b in np.flatnonzero(made_B):  # the tokens the chunk wrote into the cache
                 self.slots[b].history += [int(before_token[b])] + out_BK[b, :made_B[b] - 1].tolist()
         if reprefilled:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer import cli
+from transformer import cli, host
 
 _URL = flags.DEFINE_string("url", None, "A running server (default: start one on --workdir).")
 _SERVER_PID = flags.DEFINE_integer(
@@ -60,17 +60,6 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Rounds per client count.")
 _STREAM = flags.DEFINE_bool(
     "stream", True, "Streamed requests (server-sent events; time to first token measured); "
     "--nostream: each request's whole text in one JSON answer (no TTFT).")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown CPU"
 
 
 def _served_tokens(http, url) -> int:
@@ -221,7 +210,7 @@ def main(argv):
         cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
     if (_URL.value is None) == (_WORKDIR.value is None):
         cli.fail("give one of --url=http://HOST:PORT or --workdir=RUN")
-    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores, load average "
+    print(f"cpu: {host.cpu_model()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     proc, url = None, _URL.value
     if url is None:

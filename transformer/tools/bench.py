@@ -43,7 +43,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, data
+from transformer import cli, data, host
 from transformer import config as config_lib
 from transformer.config import ModelConfig
 from transformer.generate import decode
@@ -416,7 +416,7 @@ def _machine() -> dict:
             "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__,
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "isa": _isa()}
-    info["cpu"] = matmul_auto.cpu_model()
+    info["cpu"] = host.cpu_model()
     try:
         import torch
         info["torch"] = torch.__version__
@@ -428,9 +428,9 @@ def _machine() -> dict:
 
 def _isa() -> str:
     """The bf16 matmul features this CPU has, and XLA's ISA cap, as matmul_auto sees them."""
-    cpuinfo = matmul_auto.cpu_flags(matmul_auto._read_cpuinfo())
+    cpuinfo = host.cpu_flags(host.read_cpuinfo())
     bf16 = [flag for flag, _ in matmul_auto.BF16_FLAGS if flag in cpuinfo] or ["no bf16 flags"]
-    cap = matmul_auto.max_isa(os.environ.get("XLA_FLAGS")) or "none"
+    cap = host.max_isa(os.environ.get("XLA_FLAGS")) or "none"
     return f"{', '.join(bf16)}; xla_cpu_max_isa cap: {cap}"
 
 

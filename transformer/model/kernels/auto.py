@@ -32,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
+
+from transformer.host import cpu_flags, max_isa  # host.py reads the machine; this decides
+from transformer.host import read_cpuinfo as _read_cpuinfo
 
 # XLA's --xla_cpu_max_isa values for x86, oldest first (ARM's NEON/SVE never run bf16 here).
 ISA_ORDER = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX",
@@ -47,18 +49,6 @@ class Choice:
     reason: str     # one line, for the start-up summary and the saved run
 
 
-def max_isa(xla_flags: str | None) -> str | None:
-    """The ISA that `--xla_cpu_max_isa=...` in XLA_FLAGS caps XLA at, or None."""
-    match = re.search(r"--xla_cpu_max_isa=(\w+)", xla_flags or "")
-    return match.group(1).upper() if match else None
-
-
-def cpu_flags(cpuinfo: str) -> set[str]:
-    """The feature flags of the first CPU in /proc/cpuinfo's text (empty if it has none)."""
-    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo, re.MULTILINE)
-    return set(match.group(1).split()) if match else set()
-
-
 def decide_cpu(flags: set[str], cap: str | None) -> Choice:
     """fast_bf16 where the CPU multiplies bf16 natively (within the ISA cap), else fast_f32."""
     for flag, level in BF16_FLAGS:
@@ -70,24 +60,6 @@ def decide_cpu(flags: set[str], cap: str | None) -> Choice:
         return Choice("fast_bf16", f"the CPU has {flag}: bf16-input matmuls run natively")
     return Choice("fast_f32", "the CPU has no avx512_bf16 or amx_bf16: bf16-input matmuls "
                               "would be slower than float32")
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name (/proc/cpuinfo's first `model name`), for every published timing."""
-    text = _read_cpuinfo() if cpuinfo is None else cpuinfo
-    match = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
-    if match:
-        return match.group(1).strip()
-    import platform
-    return platform.processor() or "unknown CPU"
-
-
-def _read_cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def choose(platform: str | None = None) -> Choice:
