@@ -41,6 +41,12 @@ def _accelerator_here() -> bool:
                for plugin, paths in _ACCELERATORS.items())
 
 
+# No GPU or TPU here: every JAX process of the suite (and each command line it starts, as
+# cli.cpu_only_jax does) runs on the CPU without trying libtpu, whose warnings would otherwise
+# precede each command's one-line error.
+if not any(glob.glob(p) for paths in _ACCELERATORS.values() for p in paths):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not _accelerator_here():
     flags = os.environ.get("XLA_FLAGS", "")
     if FAST_COMPILE_FLAGS not in flags:

@@ -510,7 +510,7 @@ def test_gpt2_paths_spell_out_every_field_of_the_block():
     added later must be put in it or in the shape/how-it-runs list below."""
     shape_or_how = {"vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads", "d_ff",
                     "max_seq_len", "dtype", "param_dtype", "scan_layers", "remat",
-                    "attention_kernel", "matmul"}
+                    "attention_kernel", "matmul", "depth"}
     model_fields = {f.key for f in config_lib.fields.MODEL_FIELDS}
     assert set(config_lib.GPT2_BLOCK) | shape_or_how == model_fields
     assert not set(config_lib.GPT2_BLOCK) & shape_or_how

@@ -115,9 +115,21 @@ def _one_line(error: BaseException) -> str:
     return " ".join(text.split())
 
 
+def cpu_only_jax() -> None:
+    """JAX_PLATFORMS=cpu (unless set) on a machine with no GPU or TPU device file. With libtpu
+    installed (the compile and test extras, to build for TPU topologies), JAX tries a TPU at
+    start-up and, finding none, prints libtpu's warnings before it falls back to the CPU: a
+    command's one-line error would come after five lines of them. A machine with a GPU or
+    TPU is left to JAX; a TPU topology still compiles under JAX_PLATFORMS=cpu."""
+    from transformer import host
+    if "JAX_PLATFORMS" not in os.environ and not host.accelerator_files():
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def run(main) -> None:
     """Parses absl flags (including --config and --config.x.y overrides) and calls main(argv)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    cpu_only_jax()
     logging.set_verbosity(logging.ERROR)  # orbax and absl chatter; our own output is print()
     from absl import app  # app.run defines --help/--helpfull; we parse flags without it
     app.define_help_flags()

@@ -6,6 +6,7 @@
     host.usable_cores()          the cores this process may run on, at most its cgroup quota
     host.l3_bytes()              CPU 0's level-3 cache, 0 where sysfs does not say
     host.available_memory()      bytes it can still take: MemAvailable, at most cgroup memory.max
+    host.accelerator_files()     a GPU's or TPU's device files ([] on a CPU-only machine)
 
 Each reader takes the file (or text) it reads as an argument with the real one as default,
 so tests point it at a fake; each returns a neutral value (empty, 0, None, the CPU count)
@@ -17,6 +18,7 @@ every room may import it.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from pathlib import Path
@@ -25,6 +27,8 @@ CPUINFO = Path("/proc/cpuinfo")
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")  # this process's cgroup (v2) inside a container
 CPU0_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+# NVIDIA's driver; a TPU VM's chips (/dev/accel* on v2-v5e, /dev/vfio/N on v5p and v6e)
+ACCELERATOR_FILES = ("/dev/nvidiactl", "/dev/accel*", "/dev/vfio/[0-9]*")
 
 
 def read_cpuinfo(path: Path = CPUINFO) -> str:
@@ -106,3 +110,9 @@ def available_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int | No
     except (OSError, ValueError):
         pass
     return min(known) if known else None
+
+
+def accelerator_files(patterns=ACCELERATOR_FILES) -> list[str]:
+    """The device files of a GPU or TPU on this machine: none on a CPU-only one, whatever
+    plugins are installed (libtpu comes with the compile extra, to build for TPU topologies)."""
+    return sorted(f for pattern in patterns for f in glob.glob(pattern))

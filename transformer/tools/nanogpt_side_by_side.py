@@ -52,18 +52,32 @@ NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=Fa
                "--lr_decay_iters=2000", "--dropout=0.0"]
 DATASET = "quickstart"
 
-_NANOGPT = flags.DEFINE_string("nanogpt", None, "A checkout of karpathy/nanoGPT (its train.py).")
-_OURS = flags.DEFINE_multi_string("ours", [], "Extra flags for our train.py (repeatable).")
-_NANO_EXTRA = flags.DEFINE_multi_string(
-    "nanogpt_flag", [], "Extra flags after nanoGPT's README ones (repeatable), e.g. "
-    "--nanogpt_flag=--max_iters=20 for a quick try; the published comparison uses none.")
-_DATA = flags.DEFINE_enum(
-    "nanogpt_data", "byte", ["byte", "ours"],
-    "What nanoGPT trains on: byte, the same text as byte tokens (its recipe is character-level; "
-    "the published comparison), or ours, our run's own prepared set (its tokenizer).")
-_RECORD = flags.DEFINE_string("record", None, "Append the result as one line to this JSON "
-                               "Lines file (docs/records/side_by_side.jsonl; docs/records.md).")
-_WORK = flags.DEFINE_string("work", None, "Scratch folder (default: a temporary one, removed).")
+
+class _Flags:
+    """The tool's absl flags, defined only when it runs as a program (`define_flags`): absl's
+    flags are process-wide, and the tests import this module beside the bench, which has a
+    --record of its own."""
+
+
+F = _Flags()
+
+
+def define_flags() -> None:
+    F.nanogpt = flags.DEFINE_string("nanogpt", None,
+                                    "A checkout of karpathy/nanoGPT (its train.py).")
+    F.ours = flags.DEFINE_multi_string("ours", [], "Extra flags for our train.py (repeatable).")
+    F.nano_extra = flags.DEFINE_multi_string(
+        "nanogpt_flag", [], "Extra flags after nanoGPT's README ones (repeatable), e.g. "
+        "--nanogpt_flag=--max_iters=20 for a quick try; the published comparison uses none.")
+    F.data = flags.DEFINE_enum(
+        "nanogpt_data", "byte", ["byte", "ours"],
+        "What nanoGPT trains on: byte, the same text as byte tokens (its recipe is "
+        "character-level; the published comparison), or ours, our run's own prepared set "
+        "(its tokenizer).")
+    F.record = flags.DEFINE_string("record", None, "Append the result as one line to this JSON "
+                                   "Lines file (docs/records/side_by_side.jsonl; docs/records.md).")
+    F.work = flags.DEFINE_string("work", None,
+                                 "Scratch folder (default: a temporary one, removed).")
 
 
 def cpu_line() -> str:
@@ -270,25 +284,26 @@ def as_record(r: dict, argv: list[str]) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise SystemExit(f"error: unexpected arguments {argv[1:]}")
-    reason = skip_reason(_NANOGPT.value)
+    reason = skip_reason(F.nanogpt.value)
     if reason:
         print(f"skipped: {reason}")
         return
-    nanogpt = Path(_NANOGPT.value).expanduser()
-    if _WORK.value:
-        work = Path(_WORK.value)
+    nanogpt = Path(F.nanogpt.value).expanduser()
+    if F.work.value:
+        work = Path(F.work.value)
         work.mkdir(parents=True, exist_ok=False)
-        result = side_by_side(nanogpt, work, _OURS.value, _NANO_EXTRA.value, _DATA.value)
+        result = side_by_side(nanogpt, work, F.ours.value, F.nano_extra.value, F.data.value)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            result = side_by_side(nanogpt, Path(tmp), _OURS.value, _NANO_EXTRA.value,
-                                  _DATA.value)
+            result = side_by_side(nanogpt, Path(tmp), F.ours.value, F.nano_extra.value,
+                                  F.data.value)
     print(report(result))
     print(json.dumps(result))
-    if _RECORD.value:
+    if F.record.value:
         from transformer.tools import records
-        records.append(_RECORD.value, as_record(result, sys.argv[1:]))
+        records.append(F.record.value, as_record(result, sys.argv[1:]))
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
