@@ -4,9 +4,9 @@
     python -m transformer.tools.records --check    # exit 1 if docs/records.md is stale
 
 A record is one JSON object a line, one file per kind (quickstart, side_by_side, bench,
-suite, server, data, performance, scaling, speedrun): `date`, `machine` (`cpu`, `cores`),
-`command`, `seeds`, `result` (the figures, a flat object) and `note`. The measuring tools
-append with `append` (their `--record=PATH` flag); nothing is edited by hand but the notes.
+suite, server, data, performance, scaling, speedrun, compile): `date`, `machine` (`cpu`,
+`cores`), `command`, `seeds`, `result` (the figures, a flat object) and `note`. The measuring
+tools append with `append` (their `--record=PATH` flag); nothing is edited by hand but the notes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ KINDS = {
     "performance": "Step-cost, profile and decoding experiments (docs/performance.md)",
     "scaling": "Scaling studies: ladders, IsoFLOP, variants, lr transfer (docs/scaling.md)",
     "speedrun": "The speedrun's rows and screens (docs/speedrun.md; `val_loss` in nats per byte)",
+    "compile": "Compiled for TPU and GPU targets on this CPU (`python -m transformer compile`, "
+               "docs/accelerators.md)",
 }
 KEYS = ("date", "machine", "command", "seeds", "result", "note")
 
