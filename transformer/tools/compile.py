@@ -390,8 +390,10 @@ def advice(report: Report, config) -> str:
     mesh = config.mesh
     by = f"short by {short:.2f} GiB per chip" if short > 0 else \
         f"the compiler refused it ({report.memory.get('compiler', '')[:120]})"
-    return (f"the {report.program} does not fit {report.target}: {by} (mesh data {report.mesh['data']} x fsdp {report.mesh['fsdp']} x tensor "
-            f"{report.mesh['tensor']}); try more --config.mesh.fsdp or --config.mesh.tensor, "
+    m = report.mesh
+    return (f"the {report.program} does not fit {report.target}: {by} (mesh data {m['data']} "
+            f"x fsdp {m['fsdp']} x tensor {m['tensor']}); try more --config.mesh.fsdp or "
+            "--config.mesh.tensor, "
             f"--config.train.grad_accum={2 * config.train.grad_accum}"
             + (", --config.model.remat=block" if config.model.remat == "none" else "")
             + (", or --search" if mesh.fsdp == 1 else ""))
@@ -435,7 +437,8 @@ def main_flags():
 
             def build(candidate_config):
                 return compile_train(resolved_config(candidate_config, target), target)[0]
-            sys.exit(compile_search.search(config, target, sys.argv, build, compiles_flag.value))
+            sys.exit(compile_search.search(config, target, sys.argv, build, compiles_flag.value,
+                                           json_path=json_flag.value))
         config = resolved_config(config, target)
         if decode_flag.value:
             report, lines = compile_decode(config, target, batch_flag.value, prompt_flag.value,

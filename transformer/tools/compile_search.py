@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import json
 import math
 import sys
 import time
@@ -29,6 +30,9 @@ import time
 # The estimate against XLA's peak: 1.2-1.8x low for the tiny config on v5e:2x2 (tests/
 # test_compile.py), so a candidate is kept while its estimate is below HBM x this.
 ESTIMATE_SLACK = 1.5
+# gradient accumulation tried: up to 32 micro-batches (an 8B model's 2M-token batch on one
+# 8-GPU host fits only at 32)
+ACCUMS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclasses.dataclass
@@ -49,7 +53,8 @@ class Candidate:
                f"--config.mesh.tensor={self.tensor}"]
         if self.length:
             out.append(f"--config.mesh.rules.length={self.length}")
-        out += [f"--config.model.remat={self.remat}", f"--config.train.grad_accum={self.grad_accum}"]
+        out += [f"--config.model.remat={self.remat}",
+                f"--config.train.grad_accum={self.grad_accum}"]
         if self.vocab:
             out.append(f"--config.model.vocab_size={self.vocab}")
         return out
@@ -82,7 +87,7 @@ def candidates(config, target) -> list[Candidate]:
             continue
         data = n // (tensor * fsdp)
         for length, remat, accum in itertools.product(("", "tensor") if tensor > 1 else ("",),
-                                                      ("none", "dots", "block"), (1, 2, 4, 8)):
+                                                      ("none", "dots", "block"), ACCUMS):
             V = config.model.vocab_size
             # ids past the tokenizer's are never used: padding lets tensor split the head
             vocab = -(-V // tensor) * tensor if V and V % tensor else 0
@@ -135,9 +140,11 @@ def _guess(c, B, T, cand: Candidate, param_bytes: float, target) -> float:
     return max(compute, moved / target.link_bytes_s), compute
 
 
-def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0) -> int:
+def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0,
+           json_path: str | None = None) -> int:
     """Prints the ranked table and the command to use; 0 when a candidate fits, else 1.
-    `build(config)`: the compiled train step's report (tools/compile.py)."""
+    `build(config)`: the compiled train step's report (tools/compile.py); `json_path`: where
+    the best compiled candidate's report goes (--json), with the overrides that make it."""
     every = candidates(config, target)
     hbm = target.hbm_bytes
     plausible = [c for c in every if c.estimate <= hbm * ESTIMATE_SLACK]
@@ -170,6 +177,12 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
               f"peak {report.peak_bytes_per_chip / 2**30:.1f} GiB, "
               f"{'fits' if report.fits else 'does not fit'}, {report.compile_s:.0f} s", flush=True)
     ranked = sorted(rows, key=lambda r: (not r[1].fits, r[1].predicted_step_s))
+    if json_path and ranked:
+        best, report = ranked[0]
+        with open(json_path, "w") as f:
+            json.dump({**report.json(), "search": {"overrides": best.overrides(),
+                                                   "compiled": len(rows),
+                                                   "candidates": len(every)}}, f, indent=1)
     print(f"{'mesh d x f x t':<18}{'remat':<7}{'accum':>6}{'estimate':>10}{'peak/chip':>11}"
           f"{'fits':>6}{'step (s)':>10}{'MFU<=':>7}{'compile':>9}")
     for cand, r in ranked:
@@ -191,6 +204,7 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
                     f"chip of {hbm / 2**30:.1f}; a target with more chips or HBM")
     else:
         cli_line = (f"none of the {len(rows)} compiled candidates fits {target.name}; the "
-                    "estimate let them through, XLA did not: a target with more chips or HBM")
+                    "estimate let them through, XLA did not: a target with more chips or HBM, "
+                    "or a smaller train.batch_size")
     print(f"error: {cli_line}", file=sys.stderr)
     return 1
