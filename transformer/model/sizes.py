@@ -92,6 +92,13 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.4g}"
 
 
+# How close the estimate comes: its per-chip form (activations_per_chip plus the state) beside
+# XLA's compiled peak, docs/records/compile.jsonl; `python -m transformer sizes` prints it.
+CALIBRATION = ("  against XLA's compiled peak per chip (python -m transformer compile): 0.8-1.8x of "
+               "the estimate for the 1.3B-175B configs on TPU and H100 targets, 0.4-0.7x for "
+               "GPT-2 small's (XLA keeps fewer activations; docs/accelerators.md)")
+
+
 def summary(c: ModelConfig, batch: int = 1, kv_dtype: str | None = None,
             check: bool = True) -> str:
     """The plain-text report."""
@@ -117,10 +124,5 @@ def summary(c: ModelConfig, batch: int = 1, kv_dtype: str | None = None,
         f"{human(r['kv_cache_bytes_full_context'], 'B')}",
         f"activations: ~{human(r['activation_bytes_per_step'], 'B')} per training step at "
         f"batch {batch} (remat {c.remat}; rough)",
-        # How close: the per-chip form of this estimate (activations_per_chip plus the state)
-        # beside XLA's compiled peak, docs/records/compile.jsonl
-        "  against XLA's compiled peak per chip (python -m transformer compile): 0.8-1.8x of "
-        "the estimate for the 1.3B-175B configs on TPU and H100 targets, 0.4-0.7x for GPT-2 "
-        "small's (XLA keeps fewer activations; docs/accelerators.md)",
     ]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from ml_collections import config_flags
 from transformer import cli
 from transformer.config import depth, validate
 from transformer.model import flops
-from transformer.model.sizes import model_config_of, report, summary
+from transformer.model.sizes import CALIBRATION, model_config_of, report, summary
 
 
 def _main():
@@ -51,6 +51,7 @@ def _main():
             print(json.dumps(out, indent=2))
         else:
             print(summary(c, batch, kv_flag.value))
+            print(CALIBRATION)
             if derived:
                 print(derived)
 
