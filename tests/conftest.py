@@ -1,7 +1,6 @@
 """Shared fixtures: tiny model shapes that compile in a second."""
 
 import contextlib
-import glob
 import importlib.util
 import os
 import socket
@@ -9,6 +8,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from transformer import host  # reads the machine's files only: no JAX starts here
 
 # Compile fast, before anything starts a JAX backend (XLA reads its flags once, at that point).
 # The suite checks properties (cached == full, sharded == single, resumed == uninterrupted,
@@ -31,20 +32,19 @@ from pathlib import Path
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
                       " --xla_cpu_use_fusion_emitters=false"
                       " --xla_cpu_parallel_codegen_split_count=1")
-# plugin -> the device files its accelerator shows (NVIDIA's driver; a TPU VM's chips)
-_ACCELERATORS = {"jax_cuda12_plugin": ("/dev/nvidiactl",), "jax_cuda13_plugin": ("/dev/nvidiactl",),
-                 "libtpu": ("/dev/accel*", "/dev/vfio/[0-9]*")}
+_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu")
+# A GPU's or TPU's device files (transformer/host.py: NVIDIA's driver, a TPU VM's chips).
+_DEVICE_FILES = host.accelerator_files()
 
 
 def _accelerator_here() -> bool:
-    return any(importlib.util.find_spec(plugin) and any(glob.glob(p) for p in paths)
-               for plugin, paths in _ACCELERATORS.items())
+    return bool(_DEVICE_FILES) and any(importlib.util.find_spec(p) for p in _PLUGINS)
 
 
 # No GPU or TPU here: every JAX process of the suite (and each command line it starts, as
 # cli.cpu_only_jax does) runs on the CPU without trying libtpu, whose warnings would otherwise
 # precede each command's one-line error.
-if not any(glob.glob(p) for paths in _ACCELERATORS.values() for p in paths):
+if not _DEVICE_FILES:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not _accelerator_here():
