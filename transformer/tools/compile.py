@@ -183,17 +183,17 @@ def has_conditional(hlo: str) -> bool:
 def resolved_config(config, target):
     """The run's config as its start would resolve it on the target: validated, `auto` made
     concrete for the target's platform, vocab_size=0 padded as a run pads it for the mesh."""
-    from transformer.config import padded_vocab, replace, validate
+    import types
+
+    from transformer.config import replace, validate
     from transformer.model.sizes import model_config_of
     from transformer.parallel import sharding
     from transformer.train import start
     config, _ = start.concrete(validate(config), target.platform)
-    if config.model.vocab_size == 0:
+    if config.model.vocab_size == 0:  # the tokenizer's size as the config gives it, no corpus
         vocab = model_config_of(replace(config, **{"model.vocab_multiple": 1})).vocab_size
         mesh = sharding.make_mesh(config.mesh, target.devices)
-        multiple = math.lcm(config.model.vocab_multiple,
-                            sharding.shards(mesh, sharding.axis_rules(config), "vocab"))
-        config = replace(config, **padded_vocab(vocab, multiple))
+        config = start.derive(config, types.SimpleNamespace(vocab_size=vocab), mesh)
     return config
 
 
