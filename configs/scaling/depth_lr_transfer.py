@@ -1,19 +1,13 @@
-"""Do the depth rules transfer the learning rate? One multiplier (5 values 2x apart) on both
-of the quick start's rates at depths 2, 3 and 4, each depth's rates, batch and decay derived by
-transformer/config/depth.py. Under rules that transfer, every depth's best multiplier is the
-same (1, where the quick start was tuned).
+"""Do the depth rules (config/depth.py) transfer the learning rate? 5 multipliers 2x apart on
+both of the quick start's rates at depths 2, 3, 4: where they transfer, every depth is best at 1.
 
     python -m transformer scaling --sweep=configs/scaling/depth_lr_transfer.py \\
         --workdir=runs/depth_lr_transfer --no_progress
     python -m transformer.tools.lr_transfer --depth runs/depth_lr_transfer \\
-        docs/depth_lr_transfer.png                                     # the figure and table
+        docs/depth_lr_transfer.png
 
-4 tokens per non-embedding parameter (the budget counts the norms too, so about 1% more than
-`sizes --config.model.depth=N --config.train.tokens_per_param=4` prints): depth 2 is 265 steps
-of 8 x 128 tokens, depth 3 438 steps of 16 x 128, depth 4 1,026 steps of 16 x 128 (the quick
-start's size); 15 runs, about 11 CPU-minutes on 2 idle cores. Depths 2-4 span 8x in matrix
-parameters (67K to 520K). Depth 6 costs about 10x depth 4 (3.4x the matrix parameters, so
-3.4x the tokens, each dearer): add it to DEPTHS where there are CPU hours to spend.
+4 tokens per non-embedding parameter (265-1,026 steps): 15 runs, ~11 CPU-minutes on 2 idle
+cores, depths 2-4 span 8x in matrix parameters. Depth 6 costs ~10x depth 4: add it to DEPTHS.
 """
 
 import importlib.util
