@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from transformer import host
+
 ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
 # nanoGPT README's "I only have a macbook" CPU command, word for word (its config file and flags).
@@ -78,26 +80,6 @@ def define_flags() -> None:
                                    "Lines file (docs/records/side_by_side.jsonl; docs/records.md).")
     F.work = flags.DEFINE_string("work", None,
                                  "Scratch folder (default: a temporary one, removed).")
-
-
-def cpu_line() -> str:
-    """The CPU as /proc/cpuinfo names it, with family/model (AMD's Zen 3 is family 25 model 1,
-    Zen 4 family 25 model 17, Zen 5 family 26) and the vector ISA that decides kernel speed."""
-    fields, flags_ = {}, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "flags" and not flags_:
-                flags_ = set(value.split())
-            elif key in ("model name", "cpu family", "model") and key not in fields:
-                fields[key] = value.strip()
-    except OSError:
-        import platform
-        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags_]
-    return (f"{fields.get('model name', '?')}, family {fields.get('cpu family', '?')} model "
-            f"{fields.get('model', '?')}, {os.cpu_count()} CPUs, {' '.join(isa) or 'no AVX2'}")
 
 
 def skip_reason(nanogpt: str | None) -> str | None:
@@ -232,7 +214,7 @@ def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
                          str(run_dir / "data" / DATASET / "val.bin")], run_dir)
     nano_val, val_tokens, ckpt_step = scored.split()[-3:]
     ours_last = evals[-1] if evals else {}
-    return {"cpu": cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
+    return {"cpu": host.cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
             "nanogpt_data": nanogpt_data,
             "ours": {"command": "python train.py " + " ".join(ours_flags),
                      "wall_s": ours_wall, "train_s": float(trained[-1]) if trained else None,

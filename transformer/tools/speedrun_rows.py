@@ -178,7 +178,7 @@ def append_record(path, row: dict, by_seed: dict) -> None:
     steps = {r["steps"] for r in by_seed.values()}
     result["steps"] = steps.pop() if len(steps) == 1 else None
     result["train_s"] = ", ".join(f"{r['train_s']:.1f}" for r in by_seed.values())
-    machine = {"cpu": host.cpu_model(), "cores": host.usable_cores()}
+    machine = {"cpu": host.cpu_line(), "cores": host.usable_cores()}
     records.append(path, records.record(
         machine, row["command"], list(by_seed), result,
         f"speedrun row {row['#']}: {row['change over the row above']}"))
