@@ -114,7 +114,8 @@ def define_flags() -> None:
         "nanochat's compute dtype: ours, that of our run's matmuls (bfloat16 where the CPU "
         "runs bf16-input matmuls natively, else float32); auto, nanochat's own choice "
         "(float32 on a CPU); or one named.")
-    F.compile = flags.DEFINE_bool("compile", True, "torch.compile nanochat's model.")
+    F.compile = flags.DEFINE_bool("compile", True, "torch.compile nanochat's model and its "
+                                  "optimizer's steps (False: eager, to compare).")
     F.record = flags.DEFINE_string("record", None, "Append the result as one line to this JSON "
                                    "Lines file (docs/records/side_by_side.jsonl).")
     F.work = flags.DEFINE_string("work", None,
@@ -194,6 +195,15 @@ def muon_momentum(it: int, n: int, rules: dict) -> float:
     return 0.97
 
 
+def _eager_optimizer() -> None:
+    """nanochat's optimizer steps are functions compiled where they are defined
+    (`@torch.compile(fullgraph=True)` in nanochat/optim.py): put the plain functions back."""
+    from nanochat import optim
+    for name, fn in list(vars(optim).items()):
+        if callable(fn) and hasattr(fn, "_torchdynamo_orig_callable"):
+            setattr(optim, name, fn._torchdynamo_orig_callable)
+
+
 def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float,
                    batch_lr_scale: bool, budget_s: float, threads: int, compile_model: bool,
                    n_layers: int, d_model: int, seq_len: int, batch_size: int,
@@ -209,6 +219,8 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
 
     from transformer.data.prepared import PreparedSet
     torch.set_num_threads(threads)
+    if not compile_model:
+        _eager_optimizer()
     rules = base_train_defaults(Path(nanochat) / "scripts" / "base_train.py")
     source = PreparedSet(prepared, seq_len)
     vocab = int(source.manifest["tokenizer"]["vocab_size"])
@@ -265,7 +277,7 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
         except Exception as e:  # noqa: BLE001 -- inductor's failures have no common type
             note = f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}); eager mode"
             print(f"note: {note}", flush=True)
-            torch._dynamo.config.disable = True  # the optimizer's compiled steps too
+            _eager_optimizer()
             net = model
             model.load_state_dict(initial)
             optimizer.state.clear()
