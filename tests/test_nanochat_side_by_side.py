@@ -47,7 +47,12 @@ def test_without_a_nanochat_checkout_it_skips_in_one_line(tmp_path):
 OURS, THEIRS = [1.1600, 1.1643, 1.1686], [1.3436, 1.3561, 1.3686]
 
 
-def test_welch_p_is_one_sided_with_unequal_variances():
+def _p(ours, theirs):
+    return _tool().summary(ours, [1.0] * len(ours), theirs, [1.0] * len(theirs), 1.0, {},
+                           "a CPU")["p_value"]
+
+
+def test_the_summarys_p_is_welchs_one_sided_with_unequal_variances():
     from scipy import stats
     va, vb = 0.0043**2, 0.0125**2  # the samples' variances (ddof 1), by hand
     se2 = va / 3 + vb / 3
@@ -56,12 +61,12 @@ def test_welch_p_is_one_sided_with_unequal_variances():
     by_hand = float(stats.t.cdf(t, df))
     assert t == pytest.approx(-25.131, abs=1e-3) and df == pytest.approx(2.4668, abs=1e-4)
     assert by_hand == pytest.approx(2.454e-4, rel=1e-3)
-    got = _tool().welch_p(OURS, THEIRS)
+    got = _p(OURS, THEIRS)
     assert got == pytest.approx(by_hand, rel=1e-6)
     pooled = float(stats.ttest_ind(OURS, THEIRS, alternative="less").pvalue)
     assert abs(pooled - by_hand) > 10 * abs(got - by_hand) + 1e-5  # a pooled version fails
-    assert _tool().welch_p(THEIRS, OURS) == pytest.approx(1 - by_hand, rel=1e-6)  # one-sided
-    assert _tool().welch_p([1.0], THEIRS) is None  # one seed: no test
+    assert _p(THEIRS, OURS) == pytest.approx(1 - by_hand, rel=1e-6)  # one-sided
+    assert _p([1.0], THEIRS) is None  # one seed: no test
 
 
 def test_the_summary_has_the_keys_the_last_line_promises():
@@ -74,7 +79,7 @@ def test_the_summary_has_the_keys_the_last_line_promises():
     assert s["ratio"] == pytest.approx(1.1643 / 1.3561, rel=1e-9)
     assert s["ours"]["spread"] == pytest.approx(0.0086) and \
         s["ours"]["std"] == pytest.approx(0.0043)
-    assert s["p_value"] == _tool().welch_p(OURS, THEIRS)
+    assert s["p_value"] == _p(OURS, THEIRS)
 
 
 def test_the_best_multiplier_is_the_lowest_finite_loss():

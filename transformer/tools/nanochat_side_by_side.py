@@ -77,6 +77,7 @@ from absl import app, flags
 
 from transformer import host
 from transformer.tools import nanogpt_side_by_side as nanogpt
+from transformer.tools import speedrun_rows
 
 ROOT = nanogpt.ROOT
 B_REF = 2**19  # base_train's reference batch (tokens) at depth 12, a constant in its script
@@ -360,34 +361,18 @@ def best_multiplier(sweep: dict) -> float:
     return min(finite, key=lambda m: (finite[m], m))
 
 
-def welch_p(ours: list[float], theirs: list[float]) -> float | None:
-    """One-sided Welch t-test (unequal variances): the p-value of "ours has the lower mean".
-    None where it is undefined (fewer than 2 values a side, or no variance at all)."""
-    from scipy import stats
-    if len(ours) < 2 or len(theirs) < 2:
-        return None
-    p = float(stats.ttest_ind(ours, theirs, equal_var=False, alternative="less").pvalue)
-    return p if math.isfinite(p) else None
-
-
-def _spread(values: list[float]) -> dict:
-    import numpy as np
-    v = np.asarray(values, np.float64)
-    return {"mean": float(v.mean()), "spread": float(v.max() - v.min()),
-            "std": float(v.std(ddof=1)) if len(v) > 1 else None}
-
-
 def summary(ours_losses, ours_wall_s, nano_losses, nano_wall_s, lr_multiplier, sweep,
             cpu: str) -> dict:
     """The JSON summary: both sides' losses (nats per byte) and training seconds per seed,
-    their means and spreads, the sweep, the ratio ours/nanochat of the means and Welch's p."""
-    ours, nano = _spread(ours_losses), _spread(nano_losses)
+    their means and spreads, the sweep, the ratio ours/nanochat of the means and Welch's p,
+    one-sided for "ours is lower" (speedrun_rows.welch_less; None with fewer than 2 seeds)."""
+    ours, nano = speedrun_rows.summary(list(ours_losses)), speedrun_rows.summary(list(nano_losses))
     return {"ours": {"val_losses": list(ours_losses), "wall_s": list(ours_wall_s), **ours},
             "nanochat": {"val_losses": list(nano_losses), "wall_s": list(nano_wall_s),
                          "lr_multiplier": lr_multiplier, **nano},
             "sweep": {f"{float(m):g}": v if v is not None and math.isfinite(v) else None
                       for m, v in sweep.items()},
-            "p_value": welch_p(list(ours_losses), list(nano_losses)),
+            "p_value": speedrun_rows.welch_less(list(ours_losses), list(nano_losses)),
             "ratio": ours["mean"] / nano["mean"], "cpu": cpu}
 
 
@@ -493,7 +478,7 @@ def side_by_side(nanochat: Path, work: Path, ours_flags: list[str], seeds: list[
     first = nano[0]
     s = summary([r["nats_per_byte"] for r in ours], [r["train_s"] for r in ours],
                 [r["nats_per_byte"] for r in nano], [r["train_s"] for r in nano], best, sweep,
-                nanogpt.cpu_line())
+                host.cpu_line())
     params = re.search(r"params: ([\d,]+) total", ours[0]["log"])
     evals = [float(e) for r in ours
              for e in re.findall(r"\(evaluation ([\d.]+)s of it\)", r["log"])[-1:]]
