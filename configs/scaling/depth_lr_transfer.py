@@ -6,8 +6,8 @@ both of the quick start's rates at depths 2, 3, 4: where they transfer, every de
     python -m transformer.tools.lr_transfer --depth runs/depth_lr_transfer \\
         docs/depth_lr_transfer.png
 
-4 tokens per non-embedding parameter (265-1,026 steps): 15 runs, ~11 CPU-minutes on 2 idle
-cores, depths 2-4 span 8x in matrix parameters. Depth 6 costs ~10x depth 4: add it to DEPTHS.
+15 runs at 4 tokens per non-embedding parameter (265-1,026 steps): 34 min on 2 loaded cores,
+~15 idle. Depths 2-4 span 8x in matrix parameters; depth 6 costs ~10x depth 4: add it to DEPTHS.
 """
 
 import importlib.util
