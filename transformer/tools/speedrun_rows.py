@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="seeds to run (default 0,1,2)")
     parser.add_argument("--work", default="runs/speedrun", help="one workdir per row and seed")
     parser.add_argument("--record", help="append one record per row to this JSON Lines file")
+    parser.add_argument("--note", default="", help="appended to each record's note (e.g. the "
+                        "machine's load, which makes the training times incomparable)")
     args = parser.parse_args(argv)
     rows = {r["#"]: r for r in table()}
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
         s = summary([r["val_loss"] for r in by_seed.values()])
         print(f"row {name}: {s['mean']:.4f} over seeds {list(by_seed)}, spread {s['spread']:.4f}")
         if args.record:
-            append_record(args.record, rows[name], by_seed)
+            append_record(args.record, rows[name], by_seed, args.note)
     if args.record:
         recs = row_records(args.record)
         for name in results:
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def append_record(path, row: dict, by_seed: dict) -> None:
+def append_record(path, row: dict, by_seed: dict, note: str = "") -> None:
     from transformer import host
     from transformer.tools import records
     result = {f"val_loss_seed{s}": round(r["val_loss"], 4) for s, r in by_seed.items()}
@@ -181,7 +183,7 @@ def append_record(path, row: dict, by_seed: dict) -> None:
     machine = {"cpu": host.cpu_line(), "cores": host.usable_cores()}
     records.append(path, records.record(
         machine, row["command"], list(by_seed), result,
-        f"speedrun row {row['#']}: {row['change over the row above']}"))
+        f"speedrun row {row['#']}: {row['change over the row above']}" + (f"; {note}" * bool(note))))
 
 
 if __name__ == "__main__":
