@@ -67,6 +67,7 @@ def run(command: str, workdir: Path, seed: int) -> dict:
     done = finished(workdir)
     if done:
         return done
+    print(f"... {workdir.name}: {command}", flush=True)
     args = command.split()
     if args[:2] != ["python", "train.py"]:
         raise SystemExit(f"error: a row's command must start `python train.py`: {command}")
@@ -156,7 +157,6 @@ def main(argv=None) -> int:
                      if r["command"] == command and other != name]
             done = next(filter(None, map(finished, twins)), None)
             if done is None:
-                print(f"... row {name} seed {seed}", flush=True)
                 done = run(command, work / f"row{name}-s{seed}", seed)
             results.setdefault(name, {})[seed] = done
     for name, by_seed in results.items():
