@@ -130,6 +130,7 @@ def baseline(corpus, tmp_path_factory):
     return workdir, final_state(workdir)
 
 
+@pytest.mark.slow  # in process: test_training's resumed == uninterrupted
 def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseline, tmp_path):
     rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", "1234")))
     workdir = tmp_path / "run"

@@ -237,6 +237,7 @@ def ask(client, request) -> list[str]:
     return [texts.get(i, "") for i in range(request.get("n", 1))]
 
 
+@pytest.mark.slow  # in process: the Slots tests above; test_serve's concurrent clients
 def test_eight_concurrent_clients_each_get_their_text_alone_and_sample_pys(workdir, server):
     from transformer.checkpoint import load_run
     from transformer.generate import text as textgen
