@@ -66,10 +66,13 @@ def test_without_a_nanogpt_checkout_it_skips_in_one_line(tmp_path):
 
 
 def test_the_cpu_line_names_family_and_isa():
-    line = _tool().cpu_line()
-    assert "CPUs" in line
-    if sys.platform.startswith("linux"):
-        assert "family" in line
+    from transformer import host
+    zen4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    line = host.cpu_line(zen4)
+    assert line.startswith("AMD EPYC, family 25 model 17, ") and "CPUs" in line
+    assert line.endswith("avx2 avx512f avx512_bf16")
+    assert host.cpu_line("model name\t: old\nflags\t: fpu sse2\n").endswith("no AVX2")
 
 
 def test_a_result_becomes_one_record_line(tmp_path):

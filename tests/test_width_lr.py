@@ -3,6 +3,7 @@ the one the rule states, read off the optimizer's own update; at lr_base_width =
 training is bitwise unchanged; the ladders resolve with the rule on."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
@@ -14,6 +15,7 @@ from transformer.config import ModelConfig, base_config, validate
 from transformer.model.gpt import init_params
 from transformer.scaling import sweep as scaling
 from transformer.train import optimizer, width_lr
+from transformer.tools import lr_transfer
 from transformer.train import step as step_lib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +170,82 @@ def test_under_muon_the_rule_changes_nothing():
 
     assert same(updates("muon", 0), updates("muon", 16))
     assert not same(updates("adamw", 0), updates("adamw", 16))
+
+
+def _fake_member(workdir, name, d_model, steps, per_step, val_loss, val_bpb=None):
+    """A finished sweep member as report.collect reads it: result.json and a metrics line."""
+    run = workdir / name
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps(dict(
+        name=name, index=0, budget="chinchilla", budget_value=4, n_layers=d_model // 32,
+        d_model=d_model, steps=steps, tokens=steps * per_step, params_total=1,
+        params_non_embedding=d_model, flops=1.0, wall_s=1.0, group="g")))
+    line = {"step": steps, "val_loss": val_loss}
+    if val_bpb is not None:
+        line["val_bpb"] = val_bpb
+    (run / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+
+
+# Final val bits per byte of a fake depth sweep: each depth's best at x1, depth 3's curve
+# flatter; depth 3 lacks x4 (a sweep still running).
+DEPTH_BPB = {2: {0.5: 2.30, 1.0: 2.20, 2.0: 2.40, 4.0: 2.90},
+             3: {0.5: 2.05, 1.0: 2.00, 2.0: 2.02}}
+
+
+def test_the_depth_lr_transfer_table_and_figure_mark_each_depths_lowest_loss(tmp_path):
+    """`lr_transfer --depth` reads nats per byte (val_bpb × ln 2), bolds and stars the lowest
+    loss of each depth (not the highest), and prints the cost of one multiplier for all."""
+    shapes = {2: (64, 265, 1024), 3: (96, 438, 2048)}
+    for depth, curve in DEPTH_BPB.items():
+        for x, bpb in curve.items():
+            _fake_member(tmp_path, f"lrx{x:g}_D{depth}_x4", *shapes[depth], 9.9, bpb)
+    data, got_shapes, unit = lr_transfer.depth_losses(tmp_path)
+    assert unit == "nats per byte" and got_shapes == shapes
+    assert data[2][1.0] == pytest.approx(2.20 * np.log(2))
+    rows = lr_transfer.depth_table(data, shapes).splitlines()
+    assert rows[0].split(" | ")[3:] == ["x0.5", "x1", "x2", "x4", "best |"]
+    for depth, row in zip((2, 3), rows[2:4]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[:3] == [str(depth), str(shapes[depth][0]), f"{shapes[depth][1]:,} × "
+                             f"{shapes[depth][2]:,}"]
+        assert cells[-1] == "x1"
+        assert [c for c in cells if c.startswith("**")] == \
+            [f"**{DEPTH_BPB[depth][1.0] * np.log(2):.4f}**"]
+    assert rows[3].split(" | ")[6] == "-"  # depth 3 has no x4
+    excess = [c.strip() for c in rows[4].strip("|").split("|")][3:7]
+    assert excess == [f"{0.10 * np.log(2):+.4f}", "+0.0000", f"{0.20 * np.log(2):+.4f}", "-"]
+
+    out = tmp_path / "depth.png"
+    lr_transfer.depth_figure(data, shapes, unit, out)
+    assert out.stat().st_size > 0
+    fig, ax = lr_transfer._pyplot().subplots()
+    lr_transfer.draw(ax, [(f"depth {d}", c) for d, c in data.items()], "x")
+    stars = [line.get_xdata().tolist() for line in ax.lines if line.get_marker() == "*"]
+    assert stars == [[1.0], [1.0]]
+
+
+def test_the_depth_table_says_nats_per_token_without_val_bpb(tmp_path):
+    _fake_member(tmp_path, "lrx1_D2_x4", 64, 265, 1024, 3.5)
+    data, _, unit = lr_transfer.depth_losses(tmp_path)
+    assert unit == "nats per token" and data == {2: {1.0: 3.5}}
+
+
+def test_the_width_lr_transfer_table_still_reads_its_sweep(tmp_path):
+    """The width figure's tables (configs/scaling/lr_transfer.py) through the shared helpers:
+    the best lr per rule and width, the base width's twin filled in under the rule, and the
+    worst excess of one lr over every width's best."""
+    losses = {(0, 16): {0.01: 3.0, 0.02: 2.9}, (0, 32): {0.01: 2.7, 0.02: 2.8},
+              (16, 32): {0.01: 2.75, 0.02: 2.6}}
+    for (w, d), curve in losses.items():
+        for lr, loss in curve.items():
+            _fake_member(tmp_path, f"lr_base_width={w}_lr={lr:g}_L{d // 16}-d{d}_x4", d, 10,
+                         128, loss)
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": {"variants": [
+        {"train.lr_base_width": 0}, {"train.lr_base_width": 16}]}}))
+    data, widths, rule = lr_transfer.losses(tmp_path)
+    assert widths == [16, 32] and rule == 16 and data[(16, 16)] == losses[(0, 16)]
+    rows = lr_transfer.table(data, widths, rule).splitlines()[2:]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["0.02", "0.01", "0.02", "0.02"]
+    assert "**2.6000**" in rows[3] and "**2.7500**" not in rows[3]
+    assert lr_transfer.one_lr(data, widths, rule).splitlines()[3] == "| lr_base_width=16 | " \
+        "+0.1500 | +0.0000 |"

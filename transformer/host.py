@@ -1,6 +1,7 @@
 """Facts about the machine this process runs on, read from Linux's files, in one place.
 
     host.cpu_model()             the CPU's model name, for every published timing
+    host.cpu_line()              model, family/model numbers and vector ISA: a record's machine
     host.cpu_flags(host.read_cpuinfo())         the first CPU's feature flags: {"avx2", ...}
     host.max_isa(os.environ.get("XLA_FLAGS"))   "AVX2" for --xla_cpu_max_isa=AVX2, else None
     host.usable_cores()          the cores this process may run on, at most its cgroup quota
@@ -54,6 +55,21 @@ def cpu_model(cpuinfo: str | None = None) -> str:
         return match.group(1).strip()
     import platform
     return platform.processor() or "unknown CPU"
+
+
+def cpu_line(cpuinfo: str | None = None) -> str:
+    """The CPU for a record: its model name, family/model numbers (a "AMD EPYC" is Zen 3 as
+    family 25 model 1, Zen 4 as family 25 model 17, Zen 5 as family 26) and the vector ISA
+    that decides kernel speed, e.g. "AMD EPYC, family 25 model 17, 2 CPUs, avx2 avx512f"."""
+    text = read_cpuinfo() if cpuinfo is None else cpuinfo
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags(text)]
+    return (f"{cpu_model(text)}, family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}, {os.cpu_count()} CPUs, {' '.join(isa) or 'no AVX2'}")
 
 
 def max_isa(xla_flags: str | None) -> str | None:

@@ -10,8 +10,9 @@
     trace.py                     where a train.profile trace's step time went, per op
     records.py                   docs/records/*.jsonl rendered as docs/records.md
     nanogpt_side_by_side.py      the quick start and nanoGPT's CPU recipe on the same bytes
+    nanochat_side_by_side.py     the quick start and nanochat's model and optimizer, same clock
     speedrun_steptime.py         step time of speedrun candidates, side by side in one process
-    lr_transfer.py               the lr-transfer figure of docs/scaling.md
+    lr_transfer.py               the lr-transfer figures of docs/scaling.md: widths, depths
     zh_ru_corpus.py              the Chinese/Russian toy corpus of docs/inside.md
 
 May import anything in the package; nothing imports them.

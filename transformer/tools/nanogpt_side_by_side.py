@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from transformer import host
+
 ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
 # nanoGPT README's "I only have a macbook" CPU command, word for word (its config file and flags).
@@ -78,26 +80,6 @@ def define_flags() -> None:
                                    "Lines file (docs/records/side_by_side.jsonl; docs/records.md).")
     F.work = flags.DEFINE_string("work", None,
                                  "Scratch folder (default: a temporary one, removed).")
-
-
-def cpu_line() -> str:
-    """The CPU as /proc/cpuinfo names it, with family/model (AMD's Zen 3 is family 25 model 1,
-    Zen 4 family 25 model 17, Zen 5 family 26) and the vector ISA that decides kernel speed."""
-    fields, flags_ = {}, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "flags" and not flags_:
-                flags_ = set(value.split())
-            elif key in ("model name", "cpu family", "model") and key not in fields:
-                fields[key] = value.strip()
-    except OSError:
-        import platform
-        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags_]
-    return (f"{fields.get('model name', '?')}, family {fields.get('cpu family', '?')} model "
-            f"{fields.get('model', '?')}, {os.cpu_count()} CPUs, {' '.join(isa) or 'no AVX2'}")
 
 
 def skip_reason(nanogpt: str | None) -> str | None:
@@ -198,21 +180,37 @@ def _run(cmd, cwd, env=None) -> tuple[float, str]:
     return wall, done.stdout + done.stderr
 
 
+def run_ours(workdir: Path, ours_flags: list[str], cache: Path) -> dict:
+    """Our `python train.py` in a fresh `workdir`, its data prepared into (or read from)
+    `cache`: its wall time, its training time (the `trained steps 0..N in T s` line:
+    evaluation included, compile not; None if it trained no step) and its final val loss (nats
+    per token and nats per byte; None without an evaluation)."""
+    env = dict(os.environ, TRANSFORMER_CACHE=str(cache))
+    cmd = [sys.executable, "train.py", f"--workdir={workdir}", "--no_progress", *ours_flags]
+    print(f"... ours: {' '.join(cmd[1:])}", flush=True)
+    wall, log = _run(cmd, ROOT, env)
+    trained = re.findall(r"trained steps \d+\.\.\d+ in ([\d.]+)s", log)
+    evals = [json.loads(line) for line in (workdir / "metrics.jsonl")
+             .read_text().splitlines() if "val_bpb" in line]
+    last = evals[-1] if evals else {}
+    return {"command": "python train.py " + " ".join(ours_flags), "wall_s": wall,
+            "train_s": float(trained[-1]) if trained else None, "val_loss": last.get("val_loss"),
+            "nats_per_byte": last["val_bpb"] * math.log(2) if evals else None, "log": log}
+
+
+def prepared_set(cache: Path) -> Path:
+    """The one prepared set our run left in `cache` (its folder: manifest and shards)."""
+    manifests = list(cache.rglob("manifest.json"))
+    if len(manifests) != 1:
+        raise SystemExit(f"error: expected one prepared set in {cache}, found {len(manifests)}")
+    return manifests[0].parent
+
+
 def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
                  nanogpt_flags: list[str] = (), nanogpt_data: str = "byte") -> dict:
-    env = dict(os.environ, TRANSFORMER_CACHE=str(work / "cache"))
-    ours_cmd = [sys.executable, "train.py", f"--workdir={work / 'ours'}", "--no_progress",
-                *ours_flags]
-    print(f"... ours: {' '.join(ours_cmd[1:])}", flush=True)
-    ours_wall, ours_log = _run(ours_cmd, ROOT, env)
-    trained = re.findall(r"trained steps \d+\.\.\d+ in ([\d.]+)s", ours_log)
-    evals = [json.loads(line) for line in (work / "ours" / "metrics.jsonl")
-             .read_text().splitlines() if "val_bpb" in line]
-    manifests = list((work / "cache").rglob("manifest.json"))
-    if len(manifests) != 1:
-        raise SystemExit(f"error: expected one prepared set in {work / 'cache'}, found "
-                         f"{len(manifests)}")
-    prepared = manifests[0].parent
+    ours = run_ours(work / "ours", ours_flags, work / "cache")
+    ours.pop("log")
+    prepared = prepared_set(work / "cache")
     if nanogpt_data == "byte":
         os.environ["TRANSFORMER_CACHE"] = str(work / "cache")
         prepared = byte_set(ours_flags)
@@ -231,13 +229,8 @@ def side_by_side(nanogpt: Path, work: Path, ours_flags: list[str],
                          str(run_dir / "out" / "ckpt.pt"),
                          str(run_dir / "data" / DATASET / "val.bin")], run_dir)
     nano_val, val_tokens, ckpt_step = scored.split()[-3:]
-    ours_last = evals[-1] if evals else {}
-    return {"cpu": cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
-            "nanogpt_data": nanogpt_data,
-            "ours": {"command": "python train.py " + " ".join(ours_flags),
-                     "wall_s": ours_wall, "train_s": float(trained[-1]) if trained else None,
-                     "val_loss": ours_last.get("val_loss"),
-                     "nats_per_byte": ours_last["val_bpb"] * math.log(2) if evals else None},
+    return {"cpu": host.cpu_line(), "vocab": vocab, "val_tokens": int(val_tokens),
+            "nanogpt_data": nanogpt_data, "ours": ours,
             "nanogpt": {"command": "python train.py " + " ".join(flags_),
                         "wall_s": nano_wall, "val_loss_full": float(nano_val),
                         "nats_per_byte": float(nano_val) * tokens_per_byte(prepared),

@@ -22,7 +22,7 @@ FOLDER = ROOT / "docs" / "records"
 PAGE = ROOT / "docs" / "records.md"
 KINDS = {
     "quickstart": "The quick start: `train.py` with configs/default.py",
-    "side_by_side": "Side by side with nanoGPT's CPU recipe, on the same text",
+    "side_by_side": "Side by side with nanoGPT's CPU recipe and with nanochat, on the same text",
     "bench": "The bench against the PyTorch peer (`python -m transformer bench`)",
     "suite": "The test suite (`python -m pytest`, from a clean clone unless the note says)",
     "server": "The server under concurrent clients (`python -m transformer.serve.measure`)",

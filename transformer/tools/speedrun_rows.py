@@ -97,12 +97,41 @@ def summary(losses: list[float]) -> dict:
             if len(losses) > 1 else None}
 
 
+def row_records(path) -> dict:
+    """{row #: its latest record} of a speedrun records file (notes `speedrun row #: ...`)."""
+    from transformer.tools import records
+    out = {}
+    for rec in records.read(Path(path)):
+        if rec["note"].startswith("speedrun row "):
+            out[rec["note"].split(":")[0].removeprefix("speedrun row ")] = rec
+    return out
+
+
+def losses_of(rec: dict) -> list[float]:
+    return [rec["result"][f"val_loss_seed{s}"] for s in rec["seeds"]]
+
+
+def cells(row: dict, recs: dict) -> dict:
+    """The figures a table row quotes from the records: seeds, val loss, spread and p."""
+    rec = recs[row["#"]]
+    losses = losses_of(rec)
+    s = summary(losses)
+    seeds = ", ".join(map(str, rec["seeds"]))
+    p = welch_less(losses, losses_of(recs[row["vs"]])) if row.get("vs") in recs else None
+    return {"seeds": seeds if len(losses) > 1 else f"{seeds} (1 seed)",
+            "val loss": f"{s['mean']:.4f}",
+            "spread": f"{s['spread']:.4f}" if len(losses) > 1 else "—",
+            "p": "—" if p is None else f"{p:.2g}"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", required=True, help="row numbers from the table, e.g. 18,19")
     parser.add_argument("--seeds", default="0,1,2", help="seeds to run (default 0,1,2)")
     parser.add_argument("--work", default="runs/speedrun", help="one workdir per row and seed")
     parser.add_argument("--record", help="append one record per row to this JSON Lines file")
+    parser.add_argument("--note", default="", help="appended to each record's note (e.g. the "
+                        "machine's load, which makes the training times incomparable)")
     args = parser.parse_args(argv)
     rows = {r["#"]: r for r in table()}
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -119,35 +148,42 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve()
     results = {}
     for name in wanted:
+        command = rows[name]["command"]
         for seed in seeds:
-            print(f"... row {name} seed {seed}", flush=True)
-            results.setdefault(name, {})[seed] = run(
-                rows[name]["command"], work / f"row{name}-s{seed}", seed)
+            # A row whose command is another's (a code change: the same flags, today's code)
+            # reads that row's finished run rather than repeating it.
+            twins = [work / f"row{other}-s{seed}" for other, r in rows.items()
+                     if r["command"] == command and other != name]
+            done = next(filter(None, map(finished, twins)), None)
+            if done is None:
+                print(f"... row {name} seed {seed}", flush=True)
+                done = run(command, work / f"row{name}-s{seed}", seed)
+            results.setdefault(name, {})[seed] = done
     for name, by_seed in results.items():
-        losses = [r["val_loss"] for r in by_seed.values()]
-        s = summary(losses)
-        line = f"row {name}: {s['mean']:.4f} over seeds {list(by_seed)}, spread {s['spread']:.4f}"
-        vs = rows[name].get("vs", "")
-        if vs in results:
-            p = welch_less(losses, [r["val_loss"] for r in results[vs].values()])
-            line += f"; p = {p:.2g} that it beats row {vs}" if p is not None else ""
-        print(line)
+        s = summary([r["val_loss"] for r in by_seed.values()])
+        print(f"row {name}: {s['mean']:.4f} over seeds {list(by_seed)}, spread {s['spread']:.4f}")
         if args.record:
-            append_record(args.record, rows[name], by_seed)
+            append_record(args.record, rows[name], by_seed, args.note)
+    if args.record:
+        recs = row_records(args.record)
+        for name in results:
+            if rows[name].get("vs") in recs:
+                print(f"row {name} against row {rows[name]['vs']}: p = "
+                      f"{cells(rows[name], recs)['p']} (one-sided Welch, lower loss)")
     return 0
 
 
-def append_record(path, row: dict, by_seed: dict) -> None:
+def append_record(path, row: dict, by_seed: dict, note: str = "") -> None:
     from transformer import host
     from transformer.tools import records
     result = {f"val_loss_seed{s}": round(r["val_loss"], 4) for s, r in by_seed.items()}
     steps = {r["steps"] for r in by_seed.values()}
     result["steps"] = steps.pop() if len(steps) == 1 else None
-    result["train_s"] = ", ".join(f"{r['train_s']:.1f}" for r in by_seed.values()
-                                  if r["train_s"] is not None)
-    machine = {"cpu": host.cpu_model(), "cores": host.usable_cores()}
-    records.append(path, records.record(machine, row["command"], list(by_seed), result,
-                                        f"speedrun row {row['#']}: {row['change over the row above']}"))
+    result["train_s"] = ", ".join(f"{r['train_s']:.1f}" for r in by_seed.values())
+    machine = {"cpu": host.cpu_line(), "cores": host.usable_cores()}
+    records.append(path, records.record(
+        machine, row["command"], list(by_seed), result,
+        f"speedrun row {row['#']}: {row['change over the row above']}" + (f"; {note}" * bool(note))))
 
 
 if __name__ == "__main__":
