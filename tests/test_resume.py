@@ -185,6 +185,7 @@ def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseli
     assert_bitwise_equal(workdir, baseline[1])
 
 
+@pytest.mark.slow  # the Muon run below (configs/default.py's optimizer) is the default run's
 def test_sigterm_saves_the_current_step_and_resume_is_exact(corpus, baseline, tmp_path):
     workdir = tmp_path / "run"
     # ckpt_every is a free field: no periodic saves, so the one at SIGTERM is the only one.
