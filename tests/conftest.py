@@ -92,21 +92,20 @@ if jax.default_backend() == "cpu" and "TRANSFORMER_TEST_MATMUL_PEAKS" not in os.
 
 
 # The modules whose tests take longest in all (wall seconds of one worker in the default run,
-# from its per-test timeline, 2026-12-05 on a 2-vCPU Zen 5: every module over 9 s; docs/
-# testing.md, round 10), longest first. `--dist loadscope` hands each worker
-# a whole module at a time, in collection order (`--no-loadscope-reorder` in the addopts; by
-# default xdist orders modules by their number of tests, which sent the one-test
-# test_bad_inputs.py and the three-test test_device_check.py last): the longest start first and
-# the short ones fill the end, so no worker is left with a long module while the other idles.
-# (Wall, not CPU: the server modules wait on their servers' start-up, test_textgen on a
-# sample, more than they compute, and the last of them set the run's tail.)
+# from its per-test timeline on a 2-vCPU Zen 4 under load, after the long checks moved to
+# -m slow: every module over ~15 s there; docs/testing.md), longest first. `--dist loadscope`
+# hands each worker a whole module at a time, in collection order (`--no-loadscope-reorder` in
+# the addopts; by default xdist orders modules by their number of tests, which sent the
+# one-test test_bad_inputs.py and the three-test test_device_check.py last): the longest start
+# first and the short ones fill the end, so no worker is left with a long module while the
+# other idles. (Wall, not CPU: the server modules wait on their servers' start-up, test_textgen
+# on a sample, more than they compute, and the last of them set the run's tail.)
 SLOWEST_MODULES = (
-    "test_sharding", "test_serve_batching", "test_decode", "test_scaling", "test_variants",
-    "test_training", "test_resume", "test_cli", "test_device_check", "test_hf",
-    "test_serve_chat", "test_textgen", "test_bad_inputs", "test_serve_hostile",
-    "test_multihost", "test_window", "test_precompile", "test_visualize", "test_model",
-    "test_kernels", "test_bench", "test_optimizer", "test_serve", "test_prepare",
-    "test_device")
+    "test_training", "test_decode", "test_variants", "test_serve_batching", "test_hf",
+    "test_window", "test_sharding", "test_scaling", "test_bench", "test_compile", "test_cli",
+    "test_serve_chat", "test_textgen", "test_resume", "test_serve", "test_visualize",
+    "test_optimizer", "test_width_lr", "test_serve_hostile", "test_model", "test_kernels",
+    "test_precompile", "test_device_check", "test_device", "test_flops")
 
 
 def pytest_collection_modifyitems(config, items):

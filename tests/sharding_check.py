@@ -1,14 +1,18 @@
 """Sharded runs against a one-device run, in a process of its own with 8 simulated CPU devices.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py OUT.json [MODERN.json]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_check.py --one_mesh OUT.json
 
-tests/test_sharding.py launches it once for its two tests, as a child of the suite's fork
-server (the pytest process keeps its own device count; one process pays the backend's 8
-devices once, and none the imports again) and asserts on the JSON files it writes. OUT.json: for each mesh shape the largest loss and parameter
-differences from one device, whether every parameter is split as the rules say, whether
-greedy decoding gives the same tokens, and whether a checkpoint written on (2, 2, 2)
-restores exactly onto one device and onto (1, 2, 4). MODERN.json, when named: the modern
-recipe's pieces on (2, 2, 2) against one device (`modern` below), checked after the rest.
+tests/test_sharding.py launches it as a child of the suite's fork server (the pytest process
+keeps its own device count; one process pays the backend's 8 devices once, and none the
+imports again) and asserts on the JSON files it writes. OUT.json: for each mesh shape the
+largest loss and parameter differences from one device, whether every parameter is split as
+the rules say, whether greedy decoding gives the same tokens, and whether a checkpoint written
+on (2, 2, 2) restores exactly onto one device and onto (1, 2, 4). MODERN.json, when named: the
+modern recipe's pieces on (2, 2, 2) against one device (`modern` below), checked after the
+rest. --one_mesh: the same report for the (2, 2, 2) mesh alone (every axis split at once),
+restored onto one device: the default run's check, ~1/3 of the whole one's CPU (the whole
+one runs with `-m slow`).
 """
 
 import json
@@ -128,7 +132,9 @@ def cache_moves(trainer, params, batch):
             and re.search(r'op_name="[^"]*/attn/', line)]
 
 
-def main(out_path):
+def main(out_path, shapes=SHAPES):
+    """The report for `shapes` (all four, or (2, 2, 2) alone: then no Muon, no sequence
+    parallelism, and the checkpoint restored onto one device only)."""
     devices = jax.devices()
     assert len(devices) == 8, f"needs 8 devices, has {len(devices)}"
     ref_trainer, ref_state, ref_losses, ref_times = run((1, 1, 1), devices[:1])
@@ -136,7 +142,7 @@ def main(out_path):
     ref_one = greedy(ref_trainer, ref_state.params, PROMPTS[:1])
     report = {"reference": {"losses": ref_losses, "step_s": ref_times}, "meshes": {}}
     kept = {}
-    for shape in SHAPES:
+    for shape in shapes:
         trainer, state, losses, times = run(shape, devices)
         report["meshes"][str(shape)] = {
             "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
@@ -149,6 +155,45 @@ def main(out_path):
             report["meshes"][str(shape)]["decode_same"] = (
                 greedy(trainer, state.params, PROMPTS, trainer.mesh) == ref_tokens)
         kept[shape] = (trainer, state)
+    if shapes == SHAPES:
+        muon_and_sequence(report, devices, ref_state, ref_losses)
+    # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
+    trainer, state = kept[(2, 2, 2)]
+    report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one
+    # Batches whose shards hold one row, several rows, or (batch 1) the whole batch.
+    report["cache_moves"] = {
+        f"{shape} batch {b}": cache_moves(kept[shape][0], kept[shape][1].params, b)
+        for shape in DECODE_SHAPES if shape in shapes for b in (1, 4, 8)}
+
+    # A checkpoint written on (2, 2, 2) restores onto one device and onto (1, 2, 4).
+    writer, state = kept[(2, 2, 2)]
+    with tempfile.TemporaryDirectory() as workdir:
+        ckpts = checkpoint.Checkpoints(workdir)
+        ckpts.save(STEPS, state.params, {"step": state.step, "opt_state": state.opt_state},
+                   {"step": STEPS})
+        ckpts.wait()
+        restored = {}
+        targets = [("one_device", ref_trainer)] + (
+            [("(1, 2, 4)", kept[(1, 2, 4)][0])] if (1, 2, 4) in kept else [])
+        for name, trainer in targets:
+            target = trainer.abstract_state()
+            params, rest = ckpts.restore(STEPS, target.params,
+                                         {"step": target.step, "opt_state": target.opt_state})
+            same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+                jax.tree.leaves((state.params, state.opt_state)),
+                jax.tree.leaves((params, rest["opt_state"]))))
+            placed = all(a.sharding == b.sharding for a, b in zip(
+                jax.tree.leaves(params), jax.tree.leaves(target.params)))
+            restored[name] = {"identical": same, "placed": placed,
+                              "step": int(rest["step"])}
+        ckpts.close()
+    report["restore"] = restored
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def muon_and_sequence(report, devices, ref_state, ref_losses):
+    """Muon on one device and on the meshes that split its matrices; sequence parallelism."""
     # Muon (train.optimizer=muon) on one device and on meshes that split its matrices.
     _, muon_ref, muon_ref_losses, _ = run((1, 1, 1), devices[:1], optimizer="muon")
     report["muon"] = {"moved": max_diff(muon_ref.params, ref_state.params)}
@@ -165,37 +210,6 @@ def main(out_path):
     report["sequence"] = {"loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
                           "param_diff": max_diff(state.params, ref_state.params),
                           "opt_diff": max_diff(state.opt_state, ref_state.opt_state)}
-    # One prompt cannot be split over 4 batch shards: decoded unsplit on batch, split on heads.
-    trainer, state = kept[(2, 2, 2)]
-    report["decode_one_same"] = greedy(trainer, state.params, PROMPTS[:1], trainer.mesh) == ref_one
-    # Batches whose shards hold one row, several rows, or (batch 1) the whole batch.
-    report["cache_moves"] = {
-        f"{shape} batch {b}": cache_moves(kept[shape][0], kept[shape][1].params, b)
-        for shape in DECODE_SHAPES for b in (1, 4, 8)}
-
-    # A checkpoint written on (2, 2, 2) restores onto one device and onto (1, 2, 4).
-    writer, state = kept[(2, 2, 2)]
-    with tempfile.TemporaryDirectory() as workdir:
-        ckpts = checkpoint.Checkpoints(workdir)
-        ckpts.save(STEPS, state.params, {"step": state.step, "opt_state": state.opt_state},
-                   {"step": STEPS})
-        ckpts.wait()
-        restored = {}
-        for name, trainer in (("one_device", ref_trainer), ("(1, 2, 4)", kept[(1, 2, 4)][0])):
-            target = trainer.abstract_state()
-            params, rest = ckpts.restore(STEPS, target.params,
-                                         {"step": target.step, "opt_state": target.opt_state})
-            same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
-                jax.tree.leaves((state.params, state.opt_state)),
-                jax.tree.leaves((params, rest["opt_state"]))))
-            placed = all(a.sharding == b.sharding for a, b in zip(
-                jax.tree.leaves(params), jax.tree.leaves(target.params)))
-            restored[name] = {"identical": same, "placed": placed,
-                              "step": int(rest["step"])}
-        ckpts.close()
-    report["restore"] = restored
-    with open(out_path, "w") as f:
-        json.dump(report, f, indent=1)
 
 
 def modern(out_path):
@@ -217,6 +231,9 @@ def modern(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
-    if sys.argv[2:]:
-        modern(sys.argv[2])
+    if sys.argv[1] == "--one_mesh":
+        main(sys.argv[2], shapes=[(2, 2, 2)])
+    else:
+        main(sys.argv[1])
+        if sys.argv[2:]:
+            modern(sys.argv[2])

@@ -5,8 +5,8 @@ stderr that starts with `error:` and names what is wrong (a phrase from it is th
 expectation), no traceback, and the workdir exactly as it was (a fresh path not created; an
 existing workdir byte for byte unchanged). The rows run as children of the suite's fork server, a
 process that has imported jax and the rest once (tests/fork_server.py: ~1-2 s less each), a
-few at a time; the rows in REAL run as real processes too and must give the same status and
-stderr.
+few at a time; the rows in REAL also run as real processes (with -m slow), which must give
+the same status and stderr.
 """
 
 from __future__ import annotations
@@ -256,24 +256,42 @@ def command(row, workdir: Path, d: Path) -> list[str]:
 
 def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
     assert len(ROWS) >= 25 and set(REAL) <= {row[0] for row in ROWS}
-    workdirs = [prepare(i, row[4], files, tmp_path) for i, row in enumerate(ROWS)]
-    before = [snapshot(w) for w in workdirs]
-    commands = [command(row, w, files) for row, w in zip(ROWS, workdirs)]
+    problems = run_rows(range(len(ROWS)), files, tmp_path)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow  # ~8 s of CPU; test_fork_server.py checks the same of other commands
+def test_the_real_processes_refuse_as_the_forked_ones_do(files, tmp_path):
+    problems = run_rows([i for i, row in enumerate(ROWS) if row[0] in REAL], files, tmp_path,
+                        real=True)
+    assert not problems, "\n".join(problems)
+
+
+def run_rows(indices, files, tmp_path, real=False) -> list[str]:
+    """ROWS[i] for i in `indices`, each in a workdir of its own, through the fork server, four
+    at a time; with `real`, then also as a real process in the same workdir, which must give
+    the same status and stderr. What went wrong, a line per problem."""
+    indices = list(indices)
+    workdirs = {i: prepare(i, ROWS[i][4], files, tmp_path) for i in indices}
+    before = {i: snapshot(workdirs[i]) for i in indices}
+    commands = {i: command(ROWS[i], workdirs[i], files) for i in indices}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        forked = list(pool.map(lambda c: fork_run(*c, cwd=ROOT, env=env(), timeout=300),
-                               commands))
-    real_rows = [i for i, row in enumerate(ROWS) if row[0] in REAL]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        real = dict(zip(real_rows, pool.map(
-            lambda i: subprocess.run([sys.executable, *commands[i]], cwd=ROOT, env=env(),
-                                     capture_output=True, text=True, timeout=300),
-            real_rows)))
+        forked = dict(zip(indices, pool.map(
+            lambda i: fork_run(*commands[i], cwd=ROOT, env=env(), timeout=300), indices)))
+    real_runs = {}
+    if real:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            real_runs = dict(zip(indices, pool.map(
+                lambda i: subprocess.run([sys.executable, *commands[i]], cwd=ROOT, env=env(),
+                                         capture_output=True, text=True, timeout=300),
+                indices)))
     problems = []
-    for i, (what, _, _, phrase, kind) in enumerate(ROWS):
+    for i in indices:
+        what, _, _, phrase, kind = ROWS[i]
         after = snapshot(workdirs[i]) if kind else None
         runs = [(forked[i].returncode, forked[i].stderr)]
-        if i in real:
-            runs.append((real[i].returncode, real[i].stderr))
+        if i in real_runs:
+            runs.append((real_runs[i].returncode, real_runs[i].stderr))
             if runs[0] != runs[1]:
                 problems.append(f"{what}: forked {runs[0]!r} but the real process {runs[1]!r}")
         for returncode, stderr in runs:
@@ -284,4 +302,4 @@ def test_bad_inputs_are_refused_in_one_line_and_change_nothing(files, tmp_path):
             if not ok:
                 problems.append(f"{what}: exit {returncode}, stderr {stderr!r}, "
                                 f"workdir {'unchanged' if before[i] == after else 'CHANGED'}")
-    assert not problems, "\n".join(problems)
+    return problems

@@ -56,6 +56,7 @@ def test_sample_needs_only_the_workdir(trained):
     assert again.stdout == result.stdout  # same seed, same samples
 
 
+@pytest.mark.slow  # in process: test_decode's long streams, test_textgen's streams and cut
 def test_sample_streams_the_same_text_past_the_context(trained):
     """One sample streams by default; --no_stream prints the same text at the end. 200 new
     tokens from a 64-token model, after a prompt longer than its context (cut, with a note)."""

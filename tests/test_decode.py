@@ -253,7 +253,10 @@ def test_sample_b_of_a_seed_does_not_depend_on_how_many_decode_with_it(tiny_conf
 
 # --- a batch as several programs at once (decode_groups) -------------------------------------
 
-@pytest.mark.parametrize("variant", [{}, dict(position="rope", sliding_window=16)])
+# The RoPE ring with -m slow (~9 s of CPU; decoding past the context on the ring is
+# test_window's in the default run).
+@pytest.mark.parametrize("variant", [{}, pytest.param(dict(position="rope", sliding_window=16),
+                                                      marks=pytest.mark.slow)])
 def test_groups_of_rows_make_the_tokens_of_one_program(tiny_config, tiny_params, variant):
     """The rows cut into 2 to 8 programs make the one program's tokens: sampled (each
     group keeps its rows' keys), prompts of different lengths, past the context (every group
@@ -436,7 +439,9 @@ def test_bad_arguments_are_refused_by_name(tiny_config, tiny_params, prompts, kw
         decode.generate(tiny_config, tiny_params, prompts, **kwargs)
 
 
-@pytest.mark.parametrize("variant", [{}, dict(position="rope", sliding_window=16)])
+# The RoPE ring with -m slow, as above.
+@pytest.mark.parametrize("variant", [{}, pytest.param(dict(position="rope", sliding_window=16),
+                                                      marks=pytest.mark.slow)])
 def test_a_long_streamed_generation_runs_in_chunks_and_makes_the_same_tokens(
         tiny_config, tiny_params, variant, monkeypatch):
     """Past CHUNK tokens (here 64, the context) a streamed generation is several device calls

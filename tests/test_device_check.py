@@ -3,9 +3,11 @@ device-marked test in a pytest process of its own, then a tiny bench line), so t
 keeps working between GPU runs. The suite itself runs every device-marked test; here one,
 chosen with --tests_k, shows that the command finds, runs and reports them."""
 
+import pytest
 from conftest import run_cli
 
 
+@pytest.mark.slow  # ~18 s of CPU: a pytest and a bench process (docs/testing.md)
 def test_device_check_runs_the_device_tests_and_the_bench_line():
     result = run_cli("-m", "transformer", "device_check",
                      "--tests_k=cudnn_attention_is_asked_for_only_by_its_name", timeout=600)

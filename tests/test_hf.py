@@ -83,7 +83,14 @@ def tokens(mc, T=40, B=2, seed=0):
     return np.random.default_rng(seed).integers(0, mc.vocab_size, (B, T))
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+# One variant for each class transformers loads, and scanned layers, in the default run; the
+# other five with -m slow.
+EXPORT_DEFAULT_RUN = ("gpt2_tied", "gpt2_scanned", "llama_gqa_untied", "qwen3_qknorm_gqa_untied")
+
+
+@pytest.mark.parametrize("name", [n if n in EXPORT_DEFAULT_RUN else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(VARIANTS)])
 def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
     import transformers
     mc = model_config(**VARIANTS[name])

@@ -106,7 +106,7 @@ def lm_eval(model: str, model_args: str, tasks, include, out) -> dict:
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     """(what `hf` on the export got, what `local-completions` on the server got)."""
-    workdir = byte_run(tmp_path_factory)
+    workdir = byte_run(tmp_path_factory, steps=300)
     tmp = tmp_path_factory.mktemp("lm_eval")
     export = tmp / "export"
     out = subprocess.run([sys.executable, "-m", "transformer", "export",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jax
+import pytest
 from conftest import fork_popen, fork_run, free_port, reaped, simulated_devices_env, train_quietly
 
 from transformer import checkpoint
@@ -27,6 +28,7 @@ def _env(**extra) -> dict:
     return simulated_devices_env(2, JAX_PLATFORMS="cpu", **extra)
 
 
+@pytest.mark.slow  # ~19 s of CPU, two train.py processes (docs/testing.md)
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
     workdir = tmp_path / "run"
     args = ["train.py", "--config=configs/tiny.py", "--no_progress",

@@ -531,6 +531,7 @@ def test_data_load_takes_the_folders_tokenizer_and_refuses_another(small_set):
     assert "epochs" in data.describe(config, source)
 
 
+@pytest.mark.slow  # in process: batches are pure (above), test_training's resume
 def test_sigkill_resume_on_a_prepared_set_is_bitwise(small_set, tmp_path):
     from tests import test_resume as r
     extra = ["--config.data.tokenizer=byte"]

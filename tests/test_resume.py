@@ -130,6 +130,7 @@ def baseline(corpus, tmp_path_factory):
     return workdir, final_state(workdir)
 
 
+@pytest.mark.slow  # in process: test_training's resumed == uninterrupted
 def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseline, tmp_path):
     rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", "1234")))
     workdir = tmp_path / "run"
@@ -184,6 +185,7 @@ def test_sigkill_at_random_moments_and_mid_save_resumes_bit_exact(corpus, baseli
     assert_bitwise_equal(workdir, baseline[1])
 
 
+@pytest.mark.slow  # the Muon run below (configs/default.py's optimizer) is the default run's
 def test_sigterm_saves_the_current_step_and_resume_is_exact(corpus, baseline, tmp_path):
     workdir = tmp_path / "run"
     # ckpt_every is a free field: no periodic saves, so the one at SIGTERM is the only one.

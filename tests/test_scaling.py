@@ -171,6 +171,7 @@ def test_an_override_each_member_replaces_is_refused(tmp_path, override):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow  # ~21 s of CPU: three members train (docs/testing.md)
 def test_tiny_sweep_end_to_end_and_rerun_skips(tmp_path):
     sweep_file = tmp_path / "tiny_sweep.py"
     sweep_file.write_text(TINY_SWEEP)
@@ -573,6 +574,7 @@ def test_the_verdict_is_the_best_of_three_within_the_seed_noise_of_each_gap():
         assert not ok and "not finite" in why, why
 
 
+@pytest.mark.slow  # ~23 s of CPU: nine runs train (docs/testing.md)
 def test_verify_trains_the_predicted_size_and_its_neighbours_once_per_budget(tmp_path,
                                                                              shared_trainers):
     """An IsoFLOP sweep written by hand (a tiny ladder's 18 members with losses from a known

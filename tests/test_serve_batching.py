@@ -28,6 +28,9 @@ VARIANTS = {
     "reprefill": dict(),                                        # learned positions
     "roll": dict(position="rope", sliding_window=12),           # a ring cache
 }
+# The ring cache's rows with -m slow (~18 s of CPU for both tests that take VARIANTS; the
+# ring's decoding past the context is test_window's and test_decode's in the default run).
+BY_POLICY = ["reprefill", pytest.param("roll", marks=pytest.mark.slow)]
 # (prompt length, seed, choice, temperature, top_k, top_p, max tokens): more texts than slots,
 # so rows join a running batch at other slots and other steps than their neighbours.
 ROWS = [(30, 0, 0, 0.0, 0, 1.0, 50), (9, 1, 0, 1.0, 10, 0.9, 70), (9, 1, 1, 1.0, 10, 0.9, 70),
@@ -95,7 +98,7 @@ def _rows_alone(variant) -> list[list[int]]:
     return alone(config, init_params(config, jax.random.key(1)), _rows())
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", BY_POLICY)
 def test_each_row_of_a_continuous_batch_equals_its_text_alone(variant):
     config = _config(variant)
     assert decode.window_policy(config) == variant
@@ -237,6 +240,7 @@ def ask(client, request) -> list[str]:
     return [texts.get(i, "") for i in range(request.get("n", 1))]
 
 
+@pytest.mark.slow  # in process: the Slots tests above; test_serve's concurrent clients
 def test_eight_concurrent_clients_each_get_their_text_alone_and_sample_pys(workdir, server):
     from transformer.checkpoint import load_run
     from transformer.generate import text as textgen
@@ -286,7 +290,7 @@ def test_sample_rows_gives_each_row_its_token_alone(filters):
         assert np.asarray(together).tolist() == alone
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", BY_POLICY)
 def test_rows_admitted_together_are_prefilled_in_one_call_with_their_tokens_alone(
         variant, monkeypatch):
     """Rows that join at the same chunk with prompts of one length bucket are prefilled in

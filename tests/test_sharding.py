@@ -143,6 +143,38 @@ def test_bad_mesh_flag_is_one_error_line(tmp_path):
     assert "6 devices, but there are 4" in result.stderr
 
 
+def _matches_one_device(report) -> None:
+    """Every mesh of a sharding_check.py report trained, split and decoded as one device did;
+    its decode programs never move the KV cache; its checkpoint restored exactly."""
+    for shape, r in report["meshes"].items():
+        assert r["loss_diff"] <= 1e-5, shape
+        assert r["param_diff"] <= 1e-5 and r["opt_diff"] <= 1e-5, shape
+        assert r["misplaced"] == [], shape
+        assert r.get("decode_same", True), shape
+    assert report["decode_one_same"]
+    # The KV cache lives where decoding reads and writes it: no step moves it between devices.
+    for case, moves in report["cache_moves"].items():
+        assert moves == [], (case, moves)
+    for target, r in report["restore"].items():
+        assert r["identical"] and r["placed"] and r["step"] == 3, target
+
+
+def test_a_mesh_that_splits_every_axis_matches_one_device(tmp_path):
+    """(2, 2, 2) on 8 simulated devices, data, fsdp and tensor each split in two: the losses,
+    params, optimizer state and greedy tokens (of 4 prompts and of 1) of one device;
+    parameters split as the rules say; the decode program never moves the KV cache (batches
+    of 1, 4 and 8 rows); its checkpoint restores exactly onto one device. The default run's
+    cheapest form of the check below, which runs every mesh shape (-m slow)."""
+    out = tmp_path / "report.json"
+    result = fork_run("tests/sharding_check.py", "--one_mesh", out, cwd=ROOT,
+                      env=simulated_devices_env(8), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["meshes"]) == {"(2, 2, 2)"} and "decode_same" in report["meshes"]["(2, 2, 2)"]
+    assert len(report["cache_moves"]) == 3 and set(report["restore"]) == {"one_device"}
+    _matches_one_device(report)
+
+
 @pytest.fixture(scope="module")
 def sharding_reports(tmp_path_factory):
     """One run of tests/sharding_check.py for the two tests below: the 8-device process and
@@ -158,6 +190,7 @@ def sharding_reports(tmp_path_factory):
     return result, out, modern
 
 
+@pytest.mark.slow  # ~45 s of CPU; the default run checks (2, 2, 2) alone (above)
 def test_sharded_meshes_match_one_device(sharding_reports):
     """(8,1,1), (1,8,1), (2,2,2), (1,2,4) (and (1,2,4) with the length axis split over tensor:
     sequence parallelism) on 8 simulated devices: same losses, params and
@@ -168,11 +201,6 @@ def test_sharded_meshes_match_one_device(sharding_reports):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["meshes"]) == {"(8, 1, 1)", "(1, 8, 1)", "(2, 2, 2)", "(1, 2, 4)"}
-    for shape, r in report["meshes"].items():
-        assert r["loss_diff"] <= 1e-5, shape
-        assert r["param_diff"] <= 1e-5 and r["opt_diff"] <= 1e-5, shape
-        assert r["misplaced"] == [], shape
-        assert r.get("decode_same", True), shape
     assert sum("decode_same" in r for r in report["meshes"].values()) >= 2
     # Muon: sharded matrices get the one-device update; and it is not AdamW's.
     muon = report["muon"]
@@ -182,18 +210,15 @@ def test_sharded_meshes_match_one_device(sharding_reports):
         assert muon[shape]["loss_diff"] <= 1e-5, shape
         assert muon[shape]["param_diff"] <= 1e-5 and muon[shape]["opt_diff"] <= 1e-5, shape
         assert muon[shape]["misplaced"] == [], shape
-    assert report["decode_one_same"]
     # mesh.rules.length=tensor (sequence parallelism) on (1, 2, 4): the one-device training.
     seq = report["sequence"]
     assert seq["loss_diff"] <= 1e-5 and seq["param_diff"] <= 1e-5 and seq["opt_diff"] <= 1e-5, seq
-    # The KV cache lives where decoding reads and writes it: no step moves it between devices.
     assert len(report["cache_moves"]) == 6
-    for case, moves in report["cache_moves"].items():
-        assert moves == [], (case, moves)
-    for target, r in report["restore"].items():
-        assert r["identical"] and r["placed"] and r["step"] == 3, target
+    assert set(report["restore"]) == {"one_device", "(1, 2, 4)"}
+    _matches_one_device(report)
 
 
+@pytest.mark.slow  # ~24 s of CPU, three train.py processes (docs/testing.md)
 def test_two_processes_match_one_process_of_four_devices(tmp_path):
     """jax.distributed on localhost: 2 processes x 2 CPU devices train like 1 x 4. Each of the
     three is a process of its own, a child of the fork server (conftest's fork_popen, as
@@ -240,6 +265,7 @@ def test_two_processes_match_one_process_of_four_devices(tmp_path):
     assert (tmp_path / "multi" / "checkpoints" / "3").is_dir()
 
 
+@pytest.mark.slow  # a variant of the check above, in its process
 def test_the_modern_pieces_sharded_match_one_device(sharding_reports):
     """QK-norm, ReLU², no biases, soft-cap, untied head, padded ids and the z-loss on a
     (2, 2, 2) mesh of 8 simulated devices: the losses, parameters and
@@ -252,6 +278,7 @@ def test_the_modern_pieces_sharded_match_one_device(sharding_reports):
     assert report["max_token"] < 61
 
 
+@pytest.mark.slow  # end to end; in process: test_variants' vocab_zero test
 def test_train_py_pads_vocab_zero_for_a_tensor_mesh_and_a_resume_keeps_it(tmp_path):
     """python train.py on mesh.tensor=2 with text's 257 ids used to stop at start-up until the
     vocabulary was padded by hand: it now trains 258 rows and samples at the end; resumed on one

@@ -1,8 +1,6 @@
 """visualize.py: the weights it plots are the model's own, and the CLI writes the images."""
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -136,10 +134,9 @@ def test_cli_writes_one_image_per_layer_and_the_next_token_chart(tmp_path):
 
 def test_cli_writes_into_the_run_folder_per_step_by_default(tmp_path):
     _fake_run(tmp_path / "run")
-    result = subprocess.run([sys.executable, "-m", "transformer", "visualize",
-                             f"--workdir={tmp_path / 'run'}", "--prompt=ab"], cwd=tmp_path,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-                            capture_output=True, text=True, timeout=300)
+    from tests.conftest import fork_run  # a child of the fork server, run from tmp_path
+    result = fork_run("-m", "transformer", "visualize", f"--workdir={tmp_path / 'run'}",
+                      "--prompt=ab", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "attention" / "step_1" / "attention_layer0.png").is_file()
     assert not (tmp_path / "attention").exists()  # nothing in the current folder
