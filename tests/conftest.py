@@ -277,9 +277,13 @@ def run_cli(*args, cwd=ROOT, timeout=300, env=None, fork=True):
 # Environment variables a command reads only once it runs: the test hooks, the data cache, and
 # XLA_FLAGS, which XLA parses when the first backend starts, in the child (tests/
 # test_fork_server.py checks a device count set there). They travel with each fork_run request.
-# Every other variable may be read at import or start-up by Python or JAX (JAX_*, PYTHONPATH,
-# TF_CPP_MIN_LOG_LEVEL), so a fork server is started per distinct set of them.
-_RUNTIME_ENV = ("TRANSFORMER_", "XLA_FLAGS", "PYTEST_CURRENT_TEST", "PYTHONUNBUFFERED")
+# So do two that a worker's own imports set mid-session, for modules no fork server imports
+# (tensorboardX's CRC32C_SW_MODE, torch inductor's TORCHINDUCTOR_CACHE_DIR): as start-up
+# variables they started a second server per worker, ~2 s of CPU each, whose imports were the
+# first one's. Every other variable may be read at import or start-up by Python or JAX (JAX_*,
+# PYTHONPATH, TF_CPP_MIN_LOG_LEVEL), so a fork server is started per distinct set of them.
+_RUNTIME_ENV = ("TRANSFORMER_", "XLA_FLAGS", "PYTEST_CURRENT_TEST", "PYTHONUNBUFFERED",
+                "CRC32C_SW_MODE", "TORCHINDUCTOR_CACHE_DIR")
 # Kept in one place even where this file is imported twice (as `conftest` and `tests.conftest`).
 _FORK_STATE = sys.modules.setdefault("_fork_run_state", type(sys)("_fork_run_state"))
 _FORK_SERVERS: dict = _FORK_STATE.__dict__.setdefault("servers", {})
