@@ -131,11 +131,7 @@ def skip_reason(nanochat: str | None) -> str | None:
                                               "scripts/base_train.py")):
         return f"{nanochat} is not a nanochat checkout (no nanochat/gpt.py, nanochat/optim.py " \
                "and scripts/base_train.py)"
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "torch is not installed (pip install -e '.[test]')"
-    return None
+    return nanogpt.torch_missing()
 
 
 # ---- nanochat's rules, from its scripts/base_train.py -------------------------------------

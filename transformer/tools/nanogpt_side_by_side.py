@@ -44,6 +44,7 @@ import numpy as np
 from absl import app, flags
 
 from transformer import host
+from transformer.tools.speedrun_rows import TRAINED  # train.py's `trained steps 0..N in T s`
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
@@ -87,6 +88,11 @@ def skip_reason(nanogpt: str | None) -> str | None:
         return "no --nanogpt=PATH (a checkout of karpathy/nanoGPT) given"
     if not (Path(nanogpt) / "train.py").is_file() or not (Path(nanogpt) / "model.py").is_file():
         return f"{nanogpt} is not a nanoGPT checkout (no train.py and model.py)"
+    return torch_missing()
+
+
+def torch_missing() -> str | None:
+    """Why a peer that runs on torch cannot run here, or None."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -189,7 +195,7 @@ def run_ours(workdir: Path, ours_flags: list[str], cache: Path) -> dict:
     cmd = [sys.executable, "train.py", f"--workdir={workdir}", "--no_progress", *ours_flags]
     print(f"... ours: {' '.join(cmd[1:])}", flush=True)
     wall, log = _run(cmd, ROOT, env)
-    trained = re.findall(r"trained steps \d+\.\.\d+ in ([\d.]+)s", log)
+    trained = [seconds for _, seconds in TRAINED.findall(log)]
     evals = [json.loads(line) for line in (workdir / "metrics.jsonl")
              .read_text().splitlines() if "val_bpb" in line]
     last = evals[-1] if evals else {}
