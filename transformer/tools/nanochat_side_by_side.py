@@ -36,9 +36,11 @@
      `--lr_multipliers` (every group's rate, the fixed smear group's too, after the rules) are
      relative to the unscaled rates and reach down to 1/16, so the default sweep covers both
      the rule's rates (0.0625) and the unscaled ones (1), and beyond (up to 8).
-   - Clock: torch.compile on (if it fails, a printed note and eager mode), torch threads =
-     the cores our run uses (host.usable_cores). Two warm-up steps compile, ten more measure
-     its step time; then the weights and the optimizer's state are put back as initialised.
+   - Clock: torch.compile on (if it fails, a printed note and eager mode). Two warm-up steps
+     compile; ten more on the cores our run uses (host.usable_cores) and ten on one thread
+     measure its step time, and it trains on whichever count was faster (on 2 vCPUs torch's
+     two threads have measured slower than one at this size); then the weights and the
+     optimizer's state are put back as initialised.
      num_iterations = budget / step time, so its warmdown ends at the budget; after a fifth
      of those steps (before the warmdown starts) num_iterations is set once more from the
      loop's own step time so far. The loop also stops at the budget whatever happens. The
@@ -283,10 +285,25 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
         for it in range(WARM_STEPS):
             step(net, it, 1000)
     compile_s = time.perf_counter() - began
-    began = time.perf_counter()
-    for it in range(MEASURE_STEPS):
-        step(net, WARM_STEPS + it, 1000)
-    step_s = (time.perf_counter() - began) / MEASURE_STEPS
+    # Its threads: whichever of all our cores and one is faster here (torch's two threads on
+    # two vCPUs have measured slower than one at this size); then its step time at that count.
+    # A thread count is part of what inductor's kernels are compiled for: each count compiles
+    # its own graphs (hence the higher recompile limit) and warms up before it is timed.
+    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
+    timed, it = {}, WARM_STEPS
+    for count in sorted({threads, 1}, reverse=True):
+        torch.set_num_threads(count)
+        for _ in range(WARM_STEPS if count != threads else 0):
+            step(net, it, 1000)
+            it += 1
+        began = time.perf_counter()
+        for _ in range(MEASURE_STEPS):
+            step(net, it, 1000)
+            it += 1
+        timed[count] = (time.perf_counter() - began) / MEASURE_STEPS
+    threads = min(timed, key=timed.get)
+    torch.set_num_threads(threads)
+    step_s = timed[threads]
     model.load_state_dict(initial)
     optimizer.state.clear()
     model.zero_grad(set_to_none=True)
@@ -294,8 +311,9 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
     from torch._dynamo.utils import counters
     graphs = counters["stats"]["unique_graphs"]  # a graph compiled later would be timed
     n = max(1, int(budget_s / step_s))
-    print(f"nanochat seed {seed} x{lr_multiplier:g}: {step_s * 1e3:.1f} ms/step (compile "
-          f"{compile_s:.1f}s), {n} steps in {budget_s:.1f}s", flush=True)
+    print(f"nanochat seed {seed} x{lr_multiplier:g}: {step_s * 1e3:.1f} ms/step on {threads} "
+          f"thread(s) (" + ", ".join(f"{c}: {t * 1e3:.1f} ms" for c, t in timed.items())
+          + f"; compile {compile_s:.1f}s), {n} steps in {budget_s:.1f}s", flush=True)
     gc.collect()
     gc.freeze()
     gc.disable()  # as base_train does after its first step
@@ -326,7 +344,7 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
             "nats_per_byte": per_token * nanogpt.tokens_per_byte(Path(prepared)),
             "val_tokens": len(windows) * seq_len, "steps": done, "planned_steps": n,
             "first_plan": first_plan,
-            "step_s": step_s, "train_s": train_s, "compile_s": compile_s,
+            "step_s": step_s, "threads": threads, "train_s": train_s, "compile_s": compile_s,
             "last_train_loss": loss, "params": counts["total"],
             "matmul_params": model.num_matmul_params(), "rates": rates,
             "dtype": str(model.cos.dtype).removeprefix("torch."), "note": note}
@@ -483,8 +501,9 @@ def side_by_side(nanochat: Path, work: Path, ours_flags: list[str], seeds: list[
               "dtype": first["dtype"],
               "nanochat": f"{first['params']:,} params ({first['matmul_params']:,} in matmuls; "
                           f"ours {params.group(1) if params else '?'}), {first['dtype']}, "
-                          f"{first['train_s'] / first['steps'] * 1e3:.1f} ms/step (seed "
-                          f"{seeds[0]}), compile {first['compile_s']:.1f}s"
+                          f"{first['train_s'] / first['steps'] * 1e3:.1f} ms/step on "
+                          f"{first['threads']} thread(s) (seed {seeds[0]}), compile "
+                          f"{first['compile_s']:.1f}s"
                           + (f"; {first['note']}" if first["note"] else "")}
     return s, detail
 
