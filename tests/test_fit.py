@@ -114,24 +114,27 @@ def test_approach2_leaves_budgets_whose_minimum_is_outside_the_sizes_out_of_its_
     assert fit["a"] == pytest.approx(0.6, abs=1e-9) and fit["kN"] == pytest.approx(3.0, rel=1e-6)
 
 
-def test_prediction_uses_the_real_flop_count_of_the_ladder():
-    """A planted sweep whose cost is the real one: configs/scaling/cpu_isoflop.py's 24
-    members (2 layers, widths 8..96, BPE 1024, context 128), each trained on the tokens the
-    sweep gives it, with losses from a known L(N, D) (the CPU sweep's fitted constants). At
-    100x the largest budget the prediction equals a brute-force minimisation of the true law
-    over every width of the ladder, with D = C / (its counted training FLOPs per token), to
-    1%. (The old cost, F = k·N^p fitted to the runs, put N_opt 2.7x too high there.)"""
+@pytest.mark.parametrize("config", ["cpu_isoflop.py", "cpu_isoflop_gpt2.py"])
+def test_prediction_uses_the_real_flop_count_of_the_ladder(config):
+    """A planted sweep whose cost is the real one: every member of a CPU IsoFLOP config (the
+    quick start's block: 4 layers, widths 12..192, BPE 2,048, an untied head, members kept by
+    a tokens-per-parameter window; GPT-2's: 2 layers, widths 8..96, BPE 1,024), each trained on
+    the tokens the sweep gives it, with losses from a known L(N, D) (the GPT-2 sweep's fitted
+    constants). At 100x the largest budget the prediction equals a brute-force minimisation of
+    the true law over every width of the ladder, with D = C / (its counted training FLOPs per
+    token), to 1%. (The old cost, F = k·N^p fitted to the runs, put N_opt 2.7x too high.)"""
     import importlib.util
     import json
     from pathlib import Path
 
-    from transformer.config import ModelConfig
+    import ml_collections
+
     from transformer.model import flops
     from transformer.model.sizes import model_config_of
     from transformer.scaling import isoflop
     from transformer.scaling import sweep as scaling
-    path = Path(__file__).resolve().parents[1] / "configs/scaling/cpu_isoflop.py"
-    spec = importlib.util.spec_from_file_location("cpu_isoflop", path)
+    path = Path(__file__).resolve().parents[1] / "configs/scaling" / config
+    spec = importlib.util.spec_from_file_location("isoflop_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sweep = module.get_config()
@@ -146,10 +149,13 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder():
     C = 100 * max(sweep.budgets)
     n_opt, d_opt, loss = chinchilla.approach3_optimum(fits["a3"], C, fits["cost"])
 
+    first = sweep.sizes[0]
+    base = ml_collections.ConfigDict(sweep.base.to_dict())
     best = None
     for width in range(4, 2049):  # every width: the FLOPs do not depend on the head count
-        model = ModelConfig(vocab_size=1024, d_model=width, n_layers=2, n_heads=1,
-                            d_ff=4 * width, max_seq_len=128, matmul="plain")
+        base.model.update(n_layers=first["n_layers"], d_model=width, n_heads=1,
+                          d_ff=first["d_ff"] // first["d_model"] * width)
+        model = model_config_of(base)
         N = flops.param_counts(model)["non_embedding"]
         D = C / flops.train_flops_per_token(model)
         L = float(chinchilla.loss_nd(truth, N, D))
@@ -158,7 +164,7 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder():
     assert n_opt == pytest.approx(best[0], rel=0.01)
     assert d_opt == pytest.approx(best[1], rel=0.01)
     assert loss == pytest.approx(best[2], rel=1e-4)
-    assert fits["a2"] is not None and len(fits["a2"]["fitted"]) == 3
+    assert fits["a2"] is not None and len(fits["a2"]["fitted"]) >= 3
 
 
 def test_a_budget_with_too_few_finished_sizes_is_not_called_a_budget_without_a_valley():

@@ -484,14 +484,15 @@ TRUTH = dict(E=1.5, A=30.0, alpha=0.3, B=60.0, beta=0.3)
 
 
 def test_predict_and_verify_name_the_same_size_on_a_base_with_gqa_and_swiglu(tmp_path):
-    """configs/scaling/cpu_isoflop.py with multi-query attention and SwiGLU: the size
+    """configs/scaling/cpu_isoflop_gpt2.py with multi-query attention and SwiGLU: the size
     --predict prints is the one --verify trains, counted on the sweep's base (the old
     --predict counted a default GPT-2 block: d128, 396.8K, where --verify trains L2-d144);
     its neighbours lie one sweep step (the ratio between the sweep's sizes) either side."""
     import importlib.util
 
     from transformer.scaling import verify
-    spec = importlib.util.spec_from_file_location("iso", ROOT / "configs/scaling/cpu_isoflop.py")
+    spec = importlib.util.spec_from_file_location(
+        "iso", ROOT / "configs/scaling/cpu_isoflop_gpt2.py")
     iso = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(iso)
     sweep = iso.get_config()
@@ -516,7 +517,8 @@ def test_predict_and_verify_name_the_same_size_on_a_base_with_gqa_and_swiglu(tmp
 def test_the_report_after_a_whole_sweep_takes_its_bootstrap_and_holdout_flags(tmp_path):
     """`--sweep=... --workdir=...` ends with the report; it used to ignore --bootstrap and
     --holdout there (100 resamples, no holdout table, whatever was asked). Every member of
-    configs/scaling/cpu_isoflop.py is planted as finished, so nothing trains."""
+    configs/scaling/cpu_isoflop.py (its window keeps 29 of 9 sizes x 5 budgets) is planted as
+    finished, so nothing trains."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("iso", ROOT / "configs/scaling/cpu_isoflop.py")
     iso = importlib.util.module_from_spec(spec)
@@ -525,7 +527,7 @@ def test_the_report_after_a_whole_sweep_takes_its_bootstrap_and_holdout_flags(tm
     done = _scaling("--sweep=configs/scaling/cpu_isoflop.py", f"--workdir={tmp_path}",
                     "--bootstrap=3", "--holdout=largest")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("finished, skipped") == 24
+    assert done.stdout.count("finished, skipped") == 29
     assert "[3 resamples]" in done.stdout and "[100 resamples]" not in done.stdout
     assert "Holdout: fitted without" in done.stdout
 
@@ -713,3 +715,38 @@ def test_a_sweep_config_given_as_a_run_config_says_so(command):
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = out.stderr.strip().splitlines()
     assert "this is a sweep config" in line and "transformer scaling --sweep" in line
+
+
+def test_a_window_keeps_at_each_budget_the_sizes_whose_tokens_per_param_it_holds():
+    """configs/scaling/cpu_isoflop.py spans 100x in compute with one ladder: its window keeps
+    a size at a budget exactly where tokens per non-embedding parameter fall in it (none
+    outside, none inside left out), every budget keeps >= 5 sizes for its parabola, and the
+    quick start's width trains at the two largest budgets. A window that empties a budget,
+    or is no window, is refused naming sweep.window."""
+    import importlib.util
+
+    from transformer.model import flops
+    from transformer.model.sizes import model_config_of
+    spec = importlib.util.spec_from_file_location("iso", ROOT / "configs/scaling/cpu_isoflop.py")
+    iso = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(iso)
+    sweep = iso.get_config()
+    low, high = sweep.window
+    kept = {m.name for m in scaling.members(sweep)}
+    unwindowed = copy.deepcopy(sweep)
+    del unwindowed["window"]
+    everything = scaling.members(unwindowed)
+    assert len(everything) == len(iso.WIDTHS) * len(iso.BUDGETS) > len(kept)
+    for m in everything:
+        ratio = m.tokens / flops.param_counts(model_config_of(m.config))["non_embedding"]
+        # the steps round the tokens: the ratio may miss the edge by half a step's worth
+        if abs(ratio / low - 1) > 0.02 and abs(ratio / high - 1) > 0.02:
+            assert (m.name in kept) == (low <= ratio <= high), (m.name, ratio)
+    for budget in iso.BUDGETS:
+        assert sum(m.value == budget for m in scaling.members(sweep)) >= 5, budget
+    assert {"L4-d128_flop6.0e12", "L4-d128_flop2.0e13"} <= kept
+    for window in ((3000, 4000), (10, 1), (0, 5), ("1", 5)):
+        bad = copy.deepcopy(sweep)
+        bad.window = window
+        with pytest.raises(ConfigError, match="sweep.window"):
+            scaling.members(bad)

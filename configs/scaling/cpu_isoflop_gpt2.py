@@ -1,12 +1,11 @@
-"""IsoFLOP curves on CPU (Hoffmann et al. 2022, approaches 2 and 3): 8 widths (2 layers,
-d_model 8..96) at each of 3 compute budgets, 2e11, 6e11 and 2e12 FLOPs, each size trained on
-budget / (its FLOPs per token) tokens. Use it to fit the compute-optimal size on a CPU in
-about a quarter of an hour (24 runs; docs/scaling.md has the reading and the fit).
+"""The IsoFLOP sweep on GPT-2's block (learned positions, LayerNorm, GELU, AdamW): the
+variant to hold configs/scaling/cpu_isoflop.py (the quick start's block and Muon) against.
+8 widths (2 layers, d_model 8..96) at each of 3 compute budgets, 2e11, 6e11 and 2e12 FLOPs,
+each size trained on budget / (its FLOPs per token) tokens: 24 runs, about a quarter of an hour
+on a CPU (docs/scaling.md has the reading and the fit).
 
-    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop.py --workdir=runs/isoflop
-    python -m transformer scaling --workdir=runs/isoflop --report
-    python -m transformer scaling --workdir=runs/isoflop --predict --flops=6e12
-    python -m transformer scaling --workdir=runs/isoflop --report --holdout=largest
+    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_gpt2.py --workdir=runs/gpt2iso
+    python -m transformer scaling --workdir=runs/gpt2iso --report --holdout=largest
 """
 
 from transformer.config import base_config

@@ -9,22 +9,11 @@ transformer/config/depth.py; the budget is 12 tokens per non-embedding parameter
 at depth 2 to 21M at depth 6): hours on 2 CPU cores.
 """
 
-import importlib.util
-from pathlib import Path
-
+from transformer.config.files import quick_start
 from transformer.scaling.sweep import depths, sweep_config
 
 DEPTHS = (2, 3, 4, 5, 6)
 TOKENS_PER_PARAM = 12
-
-
-def quick_start():
-    """configs/default.py's config, loaded by its path (configs/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "default.py"
-    spec = importlib.util.spec_from_file_location("quick_start_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def get_config():

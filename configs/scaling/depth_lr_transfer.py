@@ -10,9 +10,7 @@ both of the quick start's rates at depths 2, 3, 4: where they transfer, every de
 ~15 idle. Depths 2-4 span 8x in matrix parameters; depth 6 costs ~10x depth 4: add it to DEPTHS.
 """
 
-import importlib.util
-from pathlib import Path
-
+from transformer.config.files import quick_start
 from transformer.scaling.sweep import depths, sweep_config
 
 DEPTHS = (2, 3, 4)
@@ -20,16 +18,8 @@ MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
 TOKENS_PER_PARAM = 4
 
 
-def _ladder():
-    path = Path(__file__).resolve().parent / "depth_ladder.py"
-    spec = importlib.util.spec_from_file_location("depth_ladder_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def get_config():
-    base = _ladder().quick_start()
+    base = quick_start()
     base.train.update(eval_every=1_000_000, ckpt_every=1000)
     lr, muon_lr = base.train.lr, base.train.muon_lr
     variants = [{"name": f"lrx{m:g}", "group": "depth rules", "train.lr": lr * m,

@@ -4,6 +4,7 @@
     schema.py    base_config, validate (errors name the field and the fix), ModelConfig
     resume.py    which changes a resumed run accepts
     depth.py     model.depth: sizes, rates, batch and horizon derived from one number
+    files.py     a config file's get_config() by its path (configs/ is data, not a package)
 
 Configs are plain data: building or validating one reads nothing of the machine it runs on
 (`model.matmul=auto` is resolved at the edge, by the run and sampler set-up). This room

@@ -56,16 +56,23 @@ def depths(values) -> list[dict]:
     return [dict(name=f"D{L}", depth=L) for L in values]
 
 
-def sweep_config(base, sizes, budget_kind: str, budgets, variants=()) -> ml_collections.ConfigDict:
+def sweep_config(base, sizes, budget_kind: str, budgets, variants=(),
+                 window=None) -> ml_collections.ConfigDict:
     """What a sweep config file's get_config() returns: `budgets` are token counts, FLOP
     counts or tokens per parameter, as `budget_kind` says. `variants` (optional, see `grid`)
-    repeat the whole ladder once per variant: {"name": ..., "group": ..., "model.x": value}."""
+    repeat the whole ladder once per variant: {"name": ..., "group": ..., "model.x": value}.
+    `window` (optional, (low, high)) keeps a size at a budget only where its tokens per
+    non-embedding parameter fall in [low, high]: an IsoFLOP sweep over 100x in compute then
+    trains, at each budget, the sizes around its optimum, not a 10,000-step run of a size far
+    too small for it or a 10-step run of one far too large."""
     s = ml_collections.ConfigDict()
     s.base = base
     s.sizes = [dict(size) for size in sizes]
     s.budget_kind = budget_kind
     s.budgets = tuple(budgets)
     s.variants = [dict(v) for v in variants]
+    if window:  # absent otherwise: a sweep saved before windows existed reads the same
+        s.window = tuple(window)
     return s
 
 
@@ -138,6 +145,13 @@ def check(sweep) -> None:
                 not math.isfinite(value) or value <= 0:
             raise ConfigError(f"sweep.budgets={tuple(sweep.budgets)!r}: every budget must be a "
                               f"positive number ({kind}), not {value!r}")
+    window = sweep.get("window")
+    if window is not None and not (len(window) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in window)
+            and 0 < window[0] < window[1]):
+        raise ConfigError(f"sweep.window={window!r}: give (low, high) tokens per "
+                          "non-embedding parameter with 0 < low < high, or None for every size "
+                          "at every budget")
 
 
 def members(sweep) -> list[Member]:
@@ -146,6 +160,8 @@ def members(sweep) -> list[Member]:
     kind = sweep.budget_kind
     out = []
     variants = list(sweep.get("variants") or []) or [{"name": ""}]
+    window = sweep.get("window")
+    kept = {value: 0 for value in sweep.budgets}
     for variant, value, size in itertools.product(variants, sweep.budgets, sweep.sizes):
         config = ml_collections.ConfigDict(sweep.base.to_dict())
         _apply_variant(config, variant)
@@ -161,6 +177,10 @@ def members(sweep) -> list[Member]:
             tokens = value / flops.train_flops_per_token(model)
         else:
             tokens = value * flops.param_counts(model)["non_embedding"]
+        if window and not window[0] <= tokens / flops.param_counts(model)["non_embedding"] \
+                <= window[1]:
+            continue
+        kept[value] += 1
         tokens_per_step = config.train.batch_size * config.model.max_seq_len
         config.train.steps = max(1, round(tokens / tokens_per_step))
         tag = {"tokens": f"tok{human(value)}", "chinchilla": f"x{value:g}",
@@ -168,6 +188,11 @@ def members(sweep) -> list[Member]:
         name = "_".join(p for p in (variant["name"], size["name"], tag) if p)
         group = variant.get("group", variant["name"])
         out.append(Member(len(out), name, validate(config), kind, value, group))
+    empty = [value for value, n in kept.items() if not n]
+    if empty:
+        raise ConfigError(f"sweep.window={tuple(window)!r}: no size falls in it at budget(s) "
+                          f"{', '.join(f'{v:g}' for v in empty)}: widen the window, or add "
+                          "sizes")
     seen = {}
     for m in out:  # a member's folder is its name: two of one name would train into one
         if m.name in seen:

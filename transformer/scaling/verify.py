@@ -74,6 +74,8 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
     check = ml_collections.ConfigDict(saved)
     check.sizes = sorted([size, *lower_upper], key=lambda s: cost.count(s)[0])
     check.budgets, check.budget_kind = (C,), "flops"
+    if "window" in check:  # the three sizes train wherever the sweep's window would put them
+        del check["window"]
     seed = check.base.train.seed
     # The first seed's members keep the plain names (<size>_flop<C>); later seeds are
     # variants named seed=<s>, so raising --seeds later adds members and keeps the rest.
