@@ -493,3 +493,42 @@ def test_muon_ns_dtype_auto_follows_the_models_matmul_dtype(matmul, dtype, expec
     assert resolved.train.muon_ns_dtype == expected
     c.train.muon_ns_dtype = "float32"  # a value given is kept
     assert start.concrete(validate(c))[0].train.muon_ns_dtype == "float32"
+
+
+def test_polar_express_comes_closer_to_the_polar_factor_than_the_quintic_in_five_steps():
+    """train.muon_ns_coeffs=polar_express reaches the optimizer and orthogonalises better
+    than Jordan's quintic at the same 5 steps: on a 64 x 64 matrix with singular values
+    from 1e-2 to 1, every singular value of the update lies within 0.2 of 1 (0.86-1.14),
+    where the quintic's spread past it by design (0.68-1.20), and it is what the five
+    triples, applied in order, give in numpy (the triples in the wrong order miss it)."""
+    from transformer.train import muon
+    rng = np.random.default_rng(0)
+    u, _ = np.linalg.qr(rng.normal(size=(64, 64)))
+    v, _ = np.linalg.qr(rng.normal(size=(64, 64)))
+    g = (u * np.geomspace(1e-2, 1.0, 64)) @ v.T
+    params = {"block_0": {"mlp": {"project": {"kernel": jnp.zeros((64, 64))}}}}
+    grads = {"block_0": {"mlp": {"project": {"kernel": jnp.asarray(g, jnp.float32)}}}}
+
+    def update(coeffs):
+        t = _muon_config(muon_lr=1.0, muon_ns_coeffs=coeffs, muon_momentum=0.0)
+        (out,) = _updates(optimizer.make_optimizer(t), params, [grads])
+        return np.asarray(out["block_0"]["mlp"]["project"]["kernel"], np.float64)
+
+    def off(x):
+        return np.abs(np.linalg.svd(x, compute_uv=False) - 1).max()
+
+    polar, quintic = update("polar_express"), update("quintic")
+    assert off(polar) < 0.2 < off(quintic), (off(polar), off(quintic))
+
+    def by_hand(triples):  # Muon's update is -lr x the orthogonalised momentum
+        x = g / (np.linalg.norm(g) + 1e-8)
+        for a, b, c in triples:
+            s = x @ x.T
+            x = a * x + (b * s + c * s @ s) @ x
+        return -x
+    np.testing.assert_allclose(polar, by_hand(muon.POLAR_EXPRESS), atol=2e-3)
+    assert np.abs(polar - by_hand(muon.POLAR_EXPRESS[::-1])).max() > 0.05
+    c = base_config()
+    c.train.update(optimizer="muon", muon_ns_coeffs="polar_express", muon_ns_steps=6)
+    with pytest.raises(ConfigError, match="train.muon_ns_steps"):
+        validate(c)

@@ -272,6 +272,13 @@ _TRAIN = [
     # about a quarter of the model's own FLOPs (docs/speedrun.md).
     _f("train.muon_ns_steps", 5, "optimizer=muon: Newton-Schulz iterations per update", CHANGE,
        check=_positive),
+    # Polar Express (Amsel et al. 2025, arXiv 2505.16932; nanochat's Muon uses it): one
+    # (a, b, c) per iteration, chosen so 5 iterations come closer to the polar factor than
+    # 5 of Keller Jordan's fixed quintic. Same cost a step.
+    _f("train.muon_ns_coeffs", "quintic", "optimizer=muon: the orthogonalising iteration's "
+       "coefficients: quintic (3.4445, -4.7750, 2.0315 every step: optax's, Jordan's) or "
+       "polar_express (one triple per step, at most 5 steps; muon.py)", CHANGE,
+       ("quintic", "polar_express")),
     # bfloat16 halves the Newton-Schulz matmuls' cost where the CPU multiplies bf16 natively
     # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower. auto:
     # the model's matmul input dtype (start.concrete; the quick start's val loss was the

@@ -176,6 +176,9 @@ def _check_train(t) -> None:
         _fail("train.grad_accum", t.grad_accum,
               f"must divide train.batch_size={t.batch_size} (the batch of one update is split "
               "into grad_accum micro-batches)")
+    if t.muon_ns_coeffs == "polar_express" and t.muon_ns_steps > 5:
+        _fail("train.muon_ns_steps", t.muon_ns_steps, "train.muon_ns_coeffs=polar_express has "
+              "one triple for each of 5 steps: use at most 5, or muon_ns_coeffs=quintic")
     span = fields.step_range(t.profile)
     if span and span[1] - 1 > t.steps:
         _fail("train.profile", t.profile, f"the run has train.steps={t.steps}: the range must "

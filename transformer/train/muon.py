@@ -64,6 +64,32 @@ def _to_matrices(x, dims):
     return m, back
 
 
+# Polar Express's triples for 5 iterations (Amsel, Persson, Musco, Gower 2025, arXiv
+# 2505.16932: safety factor 2e-2, cushion 2), the values nanochat's Muon uses. Step i applies
+# row i; a Frobenius-normalised start has every singular value in (0, 1], and after the 5
+# steps they lie near 1 (tests/test_optimizer.py measures how near, against the quintic).
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+
+def coefficients(kind: str, state_coeffs, ns_steps: int):
+    """The iteration's coefficients: `state_coeffs` (optax's fixed triple, kept in its
+    MuonState) for `quintic`, else a [ns_steps, 3] table, one triple per step."""
+    if kind == "quintic":
+        return state_coeffs
+    if kind == "polar_express":
+        if ns_steps > len(POLAR_EXPRESS):
+            raise ValueError(f"train.muon_ns_coeffs=polar_express has triples for "
+                             f"{len(POLAR_EXPRESS)} steps; train.muon_ns_steps={ns_steps}")
+        return jnp.asarray(POLAR_EXPRESS[:ns_steps], jnp.float32)
+    raise ValueError(f"unknown Newton-Schulz coefficients {kind!r}")
+
+
 def newton_schulz(x_NRC, coeffs, ns_steps: int, eps: float = 1e-8, dtype=None):
     """optax's Frobenius-preconditioned quintic Newton-Schulz, on a stack of N matrices
     [N, R, C] (R <= C) at once: each matrix is normalised and iterated on its own."""
@@ -72,10 +98,13 @@ def newton_schulz(x_NRC, coeffs, ns_steps: int, eps: float = 1e-8, dtype=None):
 
 
 def iterate(x_NRC, coeffs, ns_steps: int, dtype=None):
-    """The quintic iteration alone, each matrix of the stack on its own. `dtype` (default:
-    x's) is the matmuls' input dtype; they accumulate, and the iterate stays, in x's dtype
-    (bfloat16 inputs: the rounding modded-nanogpt's GPU Muon runs its whole iteration in)."""
-    c = coeffs.astype(x_NRC.dtype)
+    """The quintic iteration alone, each matrix of the stack on its own. `coeffs` is one
+    (a, b, c) for every step, or a [ns_steps, 3] table of one per step (Polar Express).
+    `dtype` (default: x's) is the matmuls' input dtype; they accumulate, and the iterate
+    stays, in x's dtype (bfloat16 inputs: the rounding modded-nanogpt's GPU Muon runs its
+    whole iteration in)."""
+    table = coeffs.astype(x_NRC.dtype)
+    table = table[None].repeat(ns_steps, 0) if table.ndim == 1 else table
 
     def dot(spec, a, b):
         if dtype is None or dtype == x_NRC.dtype:
@@ -83,7 +112,8 @@ def iterate(x_NRC, coeffs, ns_steps: int, dtype=None):
         return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
                           preferred_element_type=x_NRC.dtype)
 
-    for _ in range(ns_steps):
+    for step in range(ns_steps):
+        c = table[step]
         a_NRR = dot("nrc,nsc->nrs", x_NRC, x_NRC)  # X Xᵀ
         b_NRR = c[1] * a_NRR + c[2] * dot("nrs,nst->nrt", a_NRR, a_NRR)
         x_NRC = c[0] * x_NRC + dot("nrs,nsc->nrc", b_NRR, x_NRC)
@@ -113,11 +143,13 @@ def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8, dty
 
 
 def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
-                  eps: float = 1e-8, ns_dtype=None) -> optax.GradientTransformation:
+                  eps: float = 1e-8, ns_dtype=None,
+                  ns_coeffs: str = "quintic") -> optax.GradientTransformation:
     """optax.contrib.scale_by_muon (its default coefficients and preconditioning), with the
     orthogonalisation batched by `orthogonalize`; `dims_fn(updates)` gives each leaf's
     MuonDimensionNumbers, `ns_dtype` the Newton-Schulz matmuls' input dtype (None: the
-    updates'). The state is optax's."""
+    updates'), `ns_coeffs` the iteration's coefficients (`coefficients`). The state is
+    optax's either way (Polar Express's table is a constant, not state)."""
     reference = _optax_scale_by_muon(beta=beta, nesterov=nesterov, ns_steps=ns_steps, eps=eps,
                                      weight_dimension_numbers=dims_fn)
 
@@ -133,8 +165,9 @@ def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
                 optax.tree.bias_correction(updates, beta, count))
         else:
             mu_hat = optax.tree.bias_correction(mu, beta, count)
-        updates = orthogonalize(mu_hat, dims_fn(updates), state.ns_coeffs, ns_steps, eps,
-                               ns_dtype)
+        updates = orthogonalize(mu_hat, dims_fn(updates),
+                                coefficients(ns_coeffs, state.ns_coeffs, ns_steps), ns_steps,
+                                eps, ns_dtype)
         return updates, MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(reference.init, update)

@@ -175,7 +175,7 @@ def _muon(t) -> optax.GradientTransformation:
 
     return optax.chain(
         muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
-                           ns_dtype=jnp.dtype(_ns_dtype(t))),
+                           ns_dtype=jnp.dtype(_ns_dtype(t)), ns_coeffs=t.muon_ns_coeffs),
         _scale_by_width(dims),
         optax.add_decayed_weights(t.muon_weight_decay),
         optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
