@@ -34,7 +34,8 @@ TRAINED = re.compile(r"trained steps \d+\.\.(\d+) in ([\d.]+)s")
 
 def table(page: Path = PAGE) -> list[dict]:
     """docs/speedrun.md's rows, each {column: cell} with the command's backticks removed."""
-    head, *rows = [line for line in page.read_text().split("## The rows")[1].splitlines()
+    section = page.read_text().split("## The rows")[1].split("\n## ")[0]  # to the next heading
+    head, *rows = [line for line in section.splitlines()
                    if line.startswith("| ") and "---" not in line]
     cols = [c.strip() for c in head.strip("|").split("|")]
     out = []
