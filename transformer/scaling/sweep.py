@@ -171,14 +171,14 @@ def members(sweep) -> list[Member]:
             # (tokens_per_param=0: the other rules do not read the ratio).
             config = depth.derive(validate(replace(config, **{"train.tokens_per_param": 0})))
         model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
+        non_embedding = flops.param_counts(model)["non_embedding"]
         if kind == "tokens":
             tokens = value
         elif kind == "flops":
             tokens = value / flops.train_flops_per_token(model)
         else:
-            tokens = value * flops.param_counts(model)["non_embedding"]
-        if window and not window[0] <= tokens / flops.param_counts(model)["non_embedding"] \
-                <= window[1]:
+            tokens = value * non_embedding
+        if window and not window[0] <= tokens / non_embedding <= window[1]:
             continue
         kept[value] += 1
         tokens_per_step = config.train.batch_size * config.model.max_seq_len

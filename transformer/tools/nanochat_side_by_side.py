@@ -438,11 +438,8 @@ def as_record(s: dict, seeds: list[int], argv: list[str], cores: int, note: str 
 
 def _our_sizes(ours_flags: list[str]) -> dict:
     """configs/default.py's sizes that nanochat copies, with any `--ours` overrides of them."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_default", ROOT / "configs" / "default.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    from transformer.config.files import quick_start
+    c = quick_start()
     sizes = {"n_layers": c.model.n_layers, "d_model": c.model.d_model,
              "seq_len": c.model.max_seq_len, "batch_size": c.train.batch_size,
              "eval_tokens": c.train.eval_tokens}

@@ -28,7 +28,6 @@ It needs torch (the test extra) and a nanoGPT checkout; without either it prints
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -148,11 +147,8 @@ def byte_set(ours_flags: list[str]) -> Path:
     from transformer import config as config_lib
     from transformer import data
     from transformer.train import start
-    spec = importlib.util.spec_from_file_location("_default_config",
-                                                  ROOT / "configs" / "default.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    from transformer.config.files import quick_start
+    config = quick_start()
     for flag in ours_flags:
         key, _, value = flag.removeprefix("--config.").partition("=")
         if key.startswith("data."):

@@ -15,9 +15,9 @@ rounds interleaves the variants step by step.
 """
 
 import argparse
-import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import jax
 
@@ -36,10 +36,8 @@ def _value(text: str):
 def load_config(path: str, overrides: str):
     from transformer.config import validate
     from transformer.train import start
-    spec = importlib.util.spec_from_file_location("_speedrun_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    from transformer.config import files
+    config = files.load(Path(path).resolve())
     for item in overrides.split():
         key, value = item.removeprefix("--config.").split("=", 1)
         config.update_from_flattened_dict({key: _value(value)})
