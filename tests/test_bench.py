@@ -121,7 +121,7 @@ def test_bench_without_the_peer_prints_a_table_and_appends_a_record(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train tokens/s, f32" in result.stdout and "decode tokens/s, batch 8" in result.stdout
     assert "isa: " in result.stdout and "model.matmul=auto picks " in result.stdout
-    from transformer.tools import records
+    from transformer.lab import records
     [rec] = records.read(path)  # one line in docs/records/' schema
     assert rec["result"]["train_tokens_per_s"] > 0 and rec["machine"]["cores"] >= 1
     assert rec["command"].startswith("python -m transformer bench --no_peer")

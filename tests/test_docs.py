@@ -381,7 +381,7 @@ def test_the_speedrun_table_matches_its_records_and_its_commands_are_real():
     commands above), and its seeds, mean, spread and p against its `vs` row are those of the
     rows' records in docs/records/speedrun.jsonl (the figures are data, the table quotes them;
     speedrun_rows.cells computes them, Welch's p included). Every row has three seeds."""
-    from transformer.tools import records, speedrun_rows
+    from transformer.lab import records, speedrun_rows
     recs = speedrun_rows.row_records(records.FOLDER / "speedrun.jsonl")
     rows = speedrun_rows.table()
     assert len(rows) >= 20

@@ -33,8 +33,10 @@ ALLOWED = {
     "train": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf"},
     "scaling": {"config", "model", "data", "parallel", "checkpoint", "train", "cli"},
     "serve": {"config", "generate", "data", "checkpoint", "hf", "cli"},
+    "lab": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf", "train",
+            "scaling", "serve", "cli"},
     "tools": {"config", "model", "data", "parallel", "generate", "checkpoint", "hf", "train",
-              "scaling", "serve", "cli"},
+              "scaling", "serve", "cli", "lab"},
     "__main__": set(),  # runs commands by module name (runpy), imports none
 }
 BELOW_ALL = {"host"}  # root modules every room may import
@@ -143,11 +145,16 @@ def test_rooms_import_only_the_rooms_below_them():
     assert not violations(SOURCES), "\n".join(violations(SOURCES))
 
 
-def test_nothing_imports_the_tools_or_the_command_lines():
+def test_nothing_imports_the_tools_the_lab_or_the_command_lines():
+    """The tools (user commands) and the lab (the project's instruments) are leaves: nothing
+    imports them, but bench's --record appending through lab/records.py."""
     for module, source in SOURCES.items():
         for target, line in imports_of(module, source):
-            if room_of(module) != "tools":
-                assert room_of(target) not in ("tools", "__main__"), f"{module}:{line} {target}"
+            if room_of(module) not in ("tools", "lab"):
+                assert room_of(target) not in ("tools", "lab", "__main__"), \
+                    f"{module}:{line} {target}"
+            if room_of(module) == "tools" and room_of(target) == "lab":
+                assert target.startswith("transformer.lab.records"), f"{module}:{line} {target}"
         tree = ast.parse(source)
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not names & {"train", "sample"}, f"{module} imports a command line"
@@ -160,7 +167,7 @@ def stray_scripts(root: Path) -> list[str]:
 
 
 def test_one_tools_folder(tmp_path):
-    """Programs live in transformer/tools/ (python -m transformer.tools.NAME); the checker
+    """Programs live in transformer/tools/ and transformer/lab/ (python -m transformer.X.NAME); the checker
     catches a planted root tools/ script and a script in docs/."""
     assert not stray_scripts(PACKAGE.parent), stray_scripts(PACKAGE.parent)
     (tmp_path / "tools").mkdir()

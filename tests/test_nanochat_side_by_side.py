@@ -1,4 +1,4 @@
-"""transformer/tools/nanochat_side_by_side.py: its pure pieces (nanochat's size and rate rules,
+"""transformer/lab/nanochat_side_by_side.py: its pure pieces (nanochat's size and rate rules,
 the sweep's choice, Welch's p, the units, the record) and the skip line without a checkout.
 The side by side itself needs a nanochat checkout and minutes of quiet CPU; with one named by
 the NANOCHAT environment variable, a 3-second end-to-end smoke runs it too."""
@@ -32,7 +32,7 @@ def _tool():
 
 def test_without_a_nanochat_checkout_it_skips_in_one_line(tmp_path):
     for args in ([], [f"--nanochat={tmp_path}"]):
-        done = subprocess.run([sys.executable, "-m", "transformer.tools.nanochat_side_by_side",
+        done = subprocess.run([sys.executable, "-m", "transformer.lab.nanochat_side_by_side",
                                *args], capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.strip().splitlines()
@@ -101,7 +101,7 @@ def test_nats_per_byte_uses_the_sets_validation_tokens_per_byte(tmp_path):
     val = manifest["splits"]["val"]
     # byte tokens: one per UTF-8 byte, plus an end-of-text token per document
     assert val["tokens"] > val["bytes"] > 0
-    from transformer.tools import nanogpt_side_by_side as nanogpt
+    from transformer.lab import nanogpt_side_by_side as nanogpt
     assert nanogpt.tokens_per_byte(tmp_path / "set") == val["tokens"] / val["bytes"]
 
 
@@ -132,7 +132,7 @@ def test_nanochats_size_and_rate_rules(tmp_path):
 
 
 def test_a_summary_becomes_one_record_line(tmp_path):
-    from transformer.tools import records
+    from transformer.lab import records
     s = _tool().summary(OURS, [77.0, 78.0, 76.0], THEIRS, [77.1, 77.0, 77.2], 2.0,
                         {1.0: 1.36, 2.0: 1.3561}, "a CPU")
     rec = _tool().as_record(s, [0, 1, 2], ["--nanochat=x"], 2, "nanochat in float32")
@@ -152,7 +152,7 @@ NANOCHAT = os.environ.get("NANOCHAT")
 def test_end_to_end_smoke(tmp_path):
     pytest.importorskip("torch")
     done = subprocess.run(
-        [sys.executable, "-m", "transformer.tools.nanochat_side_by_side",
+        [sys.executable, "-m", "transformer.lab.nanochat_side_by_side",
          f"--nanochat={NANOCHAT}", "--budget_s=3", "--seeds=0", "--lr_multipliers=1,2",
          "--ours=--config.train.steps=5", f"--work={tmp_path / 'work'}",
          f"--record={tmp_path / 'rec.jsonl'}"],
@@ -163,5 +163,5 @@ def test_end_to_end_smoke(tmp_path):
     assert len(s["ours"]["val_losses"]) == len(s["nanochat"]["val_losses"]) == 1
     assert set(s["sweep"]) == {"1", "2"} and s["p_value"] is None
     assert all(0 < v < 10 for v in s["nanochat"]["val_losses"])
-    from transformer.tools import records
+    from transformer.lab import records
     assert len(records.read(tmp_path / "rec.jsonl")) == 1

@@ -1,4 +1,4 @@
-"""transformer/tools/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set,
+"""transformer/lab/nanogpt_side_by_side.py: what it hands nanoGPT is the prepared set,
 token for token, and it skips in one line when nanoGPT or torch is missing. (The side-by-side
 run itself needs a nanoGPT checkout and minutes of quiet CPU: docs/records.md has its
 results.)"""
@@ -58,7 +58,7 @@ def test_nanogpt_val_lines_are_parsed():
 
 def test_without_a_nanogpt_checkout_it_skips_in_one_line(tmp_path):
     for args in ([], [f"--nanogpt={tmp_path}"]):
-        done = subprocess.run([sys.executable, "-m", "transformer.tools.nanogpt_side_by_side",
+        done = subprocess.run([sys.executable, "-m", "transformer.lab.nanogpt_side_by_side",
                                *args], capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.strip().splitlines()
@@ -78,7 +78,7 @@ def test_the_cpu_line_names_family_and_isa():
 def test_a_result_becomes_one_record_line(tmp_path):
     """--record appends the side by side in docs/records/' schema: the figures the report
     prints (nats per byte, wall seconds, the two ratios) and the seed of our run."""
-    from transformer.tools import records
+    from transformer.lab import records
     result = {"cpu": "a CPU", "vocab": 257, "val_tokens": 10, "nanogpt_data": "byte",
               "ours": {"command": "python train.py --config.train.seed=1", "wall_s": 80.0,
                        "train_s": 70.0, "val_loss": 3.4, "nats_per_byte": 1.2},

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from transformer.tools import records
+from transformer.lab import records
 
 
 def test_records_md_is_current():
-    """docs/records.md is what `python -m transformer.tools.records` renders today."""
+    """docs/records.md is what `python -m transformer.lab.records` renders today."""
     assert records.PAGE.read_text(encoding="utf-8") == records.render(), \
-        "docs/records.md is stale: run python -m transformer.tools.records"
+        "docs/records.md is stale: run python -m transformer.lab.records"
 
 
 def test_every_kind_has_records_in_the_schema():

@@ -1,4 +1,4 @@
-"""transformer/tools/speedrun_rows.py: a row's seeds read back from its runs, Welch's test,
+"""transformer/lab/speedrun_rows.py: a row's seeds read back from its runs, Welch's test,
 the twin rows that share their runs, and one-line refusals. (The table's figures against
 the records: tests/test_docs.py.)"""
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from transformer.tools import speedrun_rows as sr
+from transformer.lab import speedrun_rows as sr
 
 
 def _fake_run(workdir, steps, val_bpb, train_s=60.0, finished=True):

@@ -15,7 +15,7 @@ from transformer.config import ModelConfig, base_config, validate
 from transformer.model.gpt import init_params
 from transformer.scaling import sweep as scaling
 from transformer.train import optimizer, width_lr
-from transformer.tools import lr_transfer
+from transformer.lab import lr_transfer
 from transformer.train import step as step_lib
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ both of the quick start's rates at depths 2, 3, 4: where they transfer, every de
 
     python -m transformer scaling --sweep=configs/scaling/depth_lr_transfer.py \\
         --workdir=runs/depth_lr_transfer --no_progress
-    python -m transformer.tools.lr_transfer --depth runs/depth_lr_transfer \\
+    python -m transformer.lab.lr_transfer --depth runs/depth_lr_transfer \\
         docs/depth_lr_transfer.png
 
 15 runs at 4 tokens per non-embedding parameter (265-1,026 steps): 34 min on 2 loaded cores,

@@ -4,7 +4,7 @@ Use it to check the width rule before trusting one lr for a ladder; the second c
 draws the figure and prints the table of docs/scaling.md.
 
     python -m transformer scaling --sweep=configs/scaling/lr_transfer.py --workdir=runs/lr_transfer
-    python -m transformer.tools.lr_transfer runs/lr_transfer docs/lr_transfer.png
+    python -m transformer.lab.lr_transfer runs/lr_transfer docs/lr_transfer.png
 """
 
 from transformer.config import base_config

@@ -456,7 +456,7 @@ def main(argv):
     result = run(cli.config_value(_CONFIG), settings, log)
     print(json.dumps(result.to_json()) if _JSON.value else format_table(result))
     if _RECORD.value:
-        from transformer.tools import records
+        from transformer.lab import records
         figures = {k: v for k, v in result.to_json().items()
                    if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
         records.append(_RECORD.value, records.record(

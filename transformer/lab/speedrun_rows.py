@@ -1,8 +1,8 @@
 """The speedrun's rows over seeds: run a row's command once per seed, then its mean, spread and
 the p-value of its claimed improvement over the row it is compared with.
 
-    python -m transformer.tools.speedrun_rows --rows=18,19 --seeds=0,1,2 --work=runs/speedrun
-    python -m transformer.tools.speedrun_rows --rows=18,19 --work=runs/speedrun \\
+    python -m transformer.lab.speedrun_rows --rows=18,19 --seeds=0,1,2 --work=runs/speedrun
+    python -m transformer.lab.speedrun_rows --rows=18,19 --work=runs/speedrun \\
         --record=docs/records/speedrun.jsonl         # and append one record per row
 
 The rows are docs/speedrun.md's table: its `command` column, run from the project's root as
@@ -101,7 +101,7 @@ def summary(losses: list[float]) -> dict:
 
 def row_records(path) -> dict:
     """{row #: its latest record} of a speedrun records file (notes `speedrun row #: ...`)."""
-    from transformer.tools import records
+    from transformer.lab import records
     out = {}
     for rec in records.read(Path(path)):
         if rec["note"].startswith("speedrun row "):
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
 
 def append_record(path, row: dict, by_seed: dict, note: str = "") -> None:
     from transformer import host
-    from transformer.tools import records
+    from transformer.lab import records
     result = {f"val_loss_seed{s}": round(r["val_loss"], 4) for s, r in by_seed.items()}
     steps = {r["steps"] for r in by_seed.values()}
     result["steps"] = steps.pop() if len(steps) == 1 else None

@@ -3,11 +3,11 @@ across widths under the width rule (configs/scaling/lr_transfer.py), or across d
 the depth rules (configs/scaling/depth_lr_transfer.py, with --depth).
 
     python -m transformer scaling --sweep=configs/scaling/lr_transfer.py --workdir=runs/lr_transfer
-    python -m transformer.tools.lr_transfer runs/lr_transfer docs/lr_transfer.png  # + its tables
+    python -m transformer.lab.lr_transfer runs/lr_transfer docs/lr_transfer.png  # + its tables
 
     python -m transformer scaling --sweep=configs/scaling/depth_lr_transfer.py \\
         --workdir=runs/depth_lr_transfer
-    python -m transformer.tools.lr_transfer --depth runs/depth_lr_transfer \\
+    python -m transformer.lab.lr_transfer --depth runs/depth_lr_transfer \\
         docs/depth_lr_transfer.png                                       # + its table
 
 Widths: final val loss against the peak lr, one curve per size, left without the width rule
@@ -179,7 +179,7 @@ def depth_figure(data, shapes, unit, out) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m transformer.tools.lr_transfer",
+    parser = argparse.ArgumentParser(prog="python -m transformer.lab.lr_transfer",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--depth", action="store_true", help="a depth sweep "
                         "(configs/scaling/depth_lr_transfer.py), not a width one")

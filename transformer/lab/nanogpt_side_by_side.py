@@ -1,7 +1,7 @@
 """The quick start and nanoGPT's README CPU recipe, one after the other, on the same bytes.
 
-    python -m transformer.tools.nanogpt_side_by_side --nanogpt=path/to/nanoGPT   # a checkout of it
-    python -m transformer.tools.nanogpt_side_by_side --nanogpt=... --ours=--config.train.steps=300
+    python -m transformer.lab.nanogpt_side_by_side --nanogpt=path/to/nanoGPT   # a checkout of it
+    python -m transformer.lab.nanogpt_side_by_side --nanogpt=... --ours=--config.train.steps=300
 
 1. runs this project's `python train.py` (the README's first command's training, in a fresh
    workdir and a fresh data cache, so it prepares the quick start's data itself) and times it;
@@ -43,7 +43,7 @@ import numpy as np
 from absl import app, flags
 
 from transformer import host
-from transformer.tools.speedrun_rows import TRAINED  # train.py's `trained steps 0..N in T s`
+from transformer.lab.speedrun_rows import TRAINED  # train.py's `trained steps 0..N in T s`
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: train.py, configs/
 
@@ -261,8 +261,8 @@ def report(r: dict) -> str:
 
 
 def as_record(r: dict, argv: list[str]) -> dict:
-    """The result as one docs/records/side_by_side.jsonl line (transformer.tools.records)."""
-    from transformer.tools import records
+    """The result as one docs/records/side_by_side.jsonl line (transformer.lab.records)."""
+    from transformer.lab import records
     o, n = r["ours"], r["nanogpt"]
     seed = [int(f.split("=", 1)[1]) for f in o["command"].split()
             if f.startswith("--config.train.seed=")]
@@ -272,7 +272,7 @@ def as_record(r: dict, argv: list[str]) -> dict:
                "loss_ratio": round(o["nats_per_byte"] / n["nats_per_byte"], 3),
                "wall_ratio": round(o["wall_s"] / n["wall_s"], 3)}
     return records.record({"cpu": r["cpu"], "cores": os.cpu_count()},
-                          "python -m transformer.tools.nanogpt_side_by_side " + " ".join(argv),
+                          "python -m transformer.lab.nanogpt_side_by_side " + " ".join(argv),
                           seed[-1:] or [0], figures, f"nanoGPT data: {r['nanogpt_data']}")
 
 
@@ -295,7 +295,7 @@ def main(argv):
     print(report(result))
     print(json.dumps(result))
     if F.record.value:
-        from transformer.tools import records
+        from transformer.lab import records
         records.append(F.record.value, as_record(result, sys.argv[1:]))
 
 

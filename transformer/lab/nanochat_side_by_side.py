@@ -1,7 +1,7 @@
 """The quick start and nanochat's own model and optimizer, on the same tokens and the same clock.
 
-    python -m transformer.tools.nanochat_side_by_side --nanochat=path/to/nanochat   # a checkout
-    python -m transformer.tools.nanochat_side_by_side --nanochat=path/to/nanochat --budget_s=5 \
+    python -m transformer.lab.nanochat_side_by_side --nanochat=path/to/nanochat   # a checkout
+    python -m transformer.lab.nanochat_side_by_side --nanochat=path/to/nanochat --budget_s=5 \
         --seeds=0,1 --lr_multipliers=1,2 --ours=--config.train.steps=10            # a smoke run
 
 1. Ours: `python train.py` (configs/default.py, plus any `--ours` flags) once per seed in
@@ -78,8 +78,8 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer import host
-from transformer.tools import nanogpt_side_by_side as nanogpt
-from transformer.tools import speedrun_rows
+from transformer.lab import nanogpt_side_by_side as nanogpt
+from transformer.lab import speedrun_rows
 
 ROOT = nanogpt.ROOT
 B_REF = 2**19  # base_train's reference batch (tokens) at depth 12, a constant in its script
@@ -350,7 +350,7 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
             "dtype": str(model.cos.dtype).removeprefix("torch."), "note": note}
 
 
-_CHILD = ("import json, sys; from transformer.tools.nanochat_side_by_side import "
+_CHILD = ("import json, sys; from transformer.lab.nanochat_side_by_side import "
           "train_nanochat; print('result:', json.dumps(train_nanochat(**json.loads(sys.argv[1]))))")
 
 
@@ -416,8 +416,8 @@ def report(s: dict, seeds: list[int], detail: dict) -> str:
 
 
 def as_record(s: dict, seeds: list[int], argv: list[str], cores: int, note: str = "") -> dict:
-    """The summary as one docs/records/side_by_side.jsonl line (transformer.tools.records)."""
-    from transformer.tools import records
+    """The summary as one docs/records/side_by_side.jsonl line (transformer.lab.records)."""
+    from transformer.lab import records
     o, n = s["ours"], s["nanochat"]
     result = {"ours_val_loss": round(o["mean"], 4), "ours_spread": round(o["spread"], 4),
               "nanochat_val_loss": round(n["mean"], 4), "nanochat_spread": round(n["spread"], 4),
@@ -429,7 +429,7 @@ def as_record(s: dict, seeds: list[int], argv: list[str], cores: int, note: str 
     for m, v in s["sweep"].items():
         result[f"sweep_x{m}"] = None if v is None else round(v, 4)
     return records.record({"cpu": s["cpu"], "cores": cores},
-                          "python -m transformer.tools.nanochat_side_by_side " + " ".join(argv),
+                          "python -m transformer.lab.nanochat_side_by_side " + " ".join(argv),
                           list(seeds), result,
                           "; ".join(filter(None, ["Welch p one-sided (ours lower)", note])))
 
@@ -525,7 +525,7 @@ def main(argv):
             s, detail = side_by_side(args[0], Path(tmp), *args[1:])
     print(report(s, seeds, detail))
     if F.record.value:
-        from transformer.tools import records
+        from transformer.lab import records
         note = f"nanochat in {detail['dtype']}, rates x{s['nanochat']['lr_multiplier']:g} " + \
             ("of its batch rule's" if F.batch_lr_scale.value else "of its unscaled ones")
         records.append(F.record.value, as_record(s, seeds, sys.argv[1:], host.usable_cores(),

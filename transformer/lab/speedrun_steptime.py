@@ -1,6 +1,6 @@
 """Step time of speedrun candidates, measured side by side in one process (docs/speedrun.md).
 
-    python -m transformer.tools.speedrun_steptime --steps=30 --rounds=3 \
+    python -m transformer.lab.speedrun_steptime --steps=30 --rounds=3 \
         --variant="default:" \
         --variant="modern:--config.model.position=rope --config.model.norm=rmsnorm --config.model.mlp=swiglu"
 

@@ -1,7 +1,7 @@
 """Prints a toy corpus of short Chinese and Russian sentences (about 420 KB, the same every
 time), for the attention maps in docs/inside.md:
 
-    python -m transformer.tools.zh_ru_corpus > zh_ru.txt
+    python -m transformer.lab.zh_ru_corpus > zh_ru.txt
 """
 
 import random
