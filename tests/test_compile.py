@@ -134,32 +134,3 @@ def test_search_says_none_fits_a_target_too_small_without_compiling():
     assert r.returncode == 1, r.stderr[-2000:]
     assert "compiled 0 of" in r.stdout
     assert r.stderr.startswith("error: none of the") and r.stderr.count("\n") == 1
-
-
-def test_a_scanned_layers_collectives_count_once_per_layer():
-    """The HLO of a scan: its body runs as often as the condition's constant says (libtpu
-    gives no known_trip_count); a reduce-scatter counts the bytes it reduces."""
-    from transformer.tools.compile import collectives
-    hlo = """HloModule m
-
-%cond (p: (s32[], bf16[4,64])) -> pred[] {
-  %p = (s32[], bf16[4,64]) parameter(0)
-  %n = s32[]{:T(128)} constant(96)
-  %i = s32[] get-tuple-element(%p), index=0
-  ROOT %lt = pred[] compare(%i, %n), direction=LT
-}
-
-%body (p: (s32[], bf16[4,64])) -> (s32[], bf16[4,64]) {
-  %ag = bf16[16,64]{1,0} all-gather(%x), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}
-  %rs = f32[4,64]{1,0} reduce-scatter(%y), channel_id=2, replica_groups=[1,4]<=[4], dimensions={0}
-}
-
-ENTRY %main (a: bf16[4,64]) -> bf16[4,64] {
-  %w = (s32[], bf16[4,64]) while(%t), condition=%cond, body=%body, metadata={op_name="x"}
-  %ar = f32[10]{0} all-reduce(%z), channel_id=3, replica_groups=[1,4]<=[4], to_apply=%add
-}
-"""
-    found = collectives(hlo)
-    assert found["all-gather"] == {"count": 96, "bytes": 96 * 16 * 64 * 2}
-    assert found["reduce-scatter"] == {"count": 96, "bytes": 96 * 4 * 4 * 64 * 4}
-    assert found["all-reduce"] == {"count": 1, "bytes": 40}

@@ -23,7 +23,6 @@ Exit status: 0 fits; 1 does not fit (one line: by how much, what to try); 2 bad 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import math
@@ -35,16 +34,14 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
+from transformer.tools import collectives
 
 GiB = 2**30
-COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 # Bytes a chip sends per byte of the collective's result, on a ring of n (large n): an
 # all-reduce is a reduce-scatter then an all-gather, 2x; the others move their result once.
 TRAFFIC = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0,
            "collective-permute": 1.0}
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-                "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
+TOP = 20  # the largest collectives a report keeps (--top=N prints and writes the first N)
 
 
 @dataclasses.dataclass
@@ -65,113 +62,17 @@ class Report:
     memory: dict = dataclasses.field(default_factory=dict)
     program: str = "train step"
     unit: str = "step"
+    top: list = dataclasses.field(default_factory=list)  # the largest collectives (--top)
+    unknown_loops: list = dataclasses.field(default_factory=list)  # counted once, unknown trips
     hlo: str = ""  # the compiled program's text (not written to --json)
 
-    def json(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "hlo"}
+    def json(self, top: int = TOP) -> dict:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "hlo"}
+        out["top"] = out["top"][:top]
+        return out
 
 
 # ---------------------------------------------------------------- reading the compiled HLO
-
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
-_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
-_CALLS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)="
-                    r"(\{[^}]*\}|%?[\w.\-]+)")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
-
-
-def _array_bytes(shape_text: str) -> list[int]:
-    sizes = []
-    for dtype, dims in _ARRAY.findall(shape_text):
-        if dtype in _DTYPE_BYTES:
-            sizes.append(_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d))
-    return sizes
-
-
-def _group_size(line: str) -> int:
-    """Devices in each replica group of a collective's HLO line (1 if unreadable)."""
-    iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
-    if iota:
-        return int(iota.group(1))
-    listed = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
-    if listed:
-        return len(listed.group(1).split(","))
-    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-    if named:
-        sizes = dict(re.findall(r"'(\w+)'=(\d+)", named.group(1)))
-        return math.prod(int(sizes.get(a, 1)) for a in re.findall(r"'(\w+)'", named.group(2)))
-    return 1
-
-
-def collectives(hlo: str) -> dict:
-    """{kind: {"count", "bytes"}} per chip per call: every collective of the compiled program,
-    its result's bytes (a reduce-scatter: the bytes it reduces), each counted as often as it
-    runs: a while loop's body by its trip count (XLA's known_trip_count, or the constant its
-    condition compares the counter with: a scanned layer's collectives once per layer); a
-    loop of unknown length (decoding's) once."""
-    bodies, entry, name = collections.defaultdict(list), None, None
-    for line in hlo.splitlines():
-        if not line.startswith(" ") and line.rstrip().endswith("{"):
-            match = _COMPUTATION.match(line)
-            if match:
-                name = match.group(1)
-                entry = name if line.startswith("ENTRY") else entry
-            continue
-        if name is not None:
-            bodies[name].append(line)
-    ops, edges = collections.defaultdict(list), collections.defaultdict(list)
-    for name, lines in bodies.items():
-        for line in lines:
-            op = _OP.search(line)
-            if op:
-                ops[name].append(_collective(name, line, *op.groups()))
-            calls = {role: callees.strip("{}%") for role, callees in _CALLS.findall(line)}
-            trip = _trip_count(line, bodies.get(calls.get("condition", ""), ()))
-            for role, callees in calls.items():
-                for callee in re.split(r",\s*%?", callees):
-                    edges[name].append((callee, trip if role == "body" else 1))
-    totals = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
-
-    def walk(comp, times, depth=0):
-        if depth > 50:
-            return
-        for kind, size in ops.get(comp, ()):
-            totals[kind]["count"] += times
-            totals[kind]["bytes"] += times * size
-        for callee, n in edges.get(comp, ()):
-            walk(callee, times * n, depth + 1)
-
-    walk(entry, 1)
-    return totals
-
-
-def _collective(computation: str, line: str, shape: str, kind: str, start) -> tuple[str, int]:
-    sizes = _array_bytes(shape)
-    if start and kind != "all-reduce" and len(sizes) >= 2:
-        # async start: (operands..., results..., [context scalars]); the result half
-        sizes = [s for s in sizes if s > 4] or sizes
-        sizes = sizes[len(sizes) // 2:]
-    if kind == "all-reduce" and computation.startswith("all-reduce-scatter"):
-        kind = "reduce-scatter"  # TPU's fused form: an all-reduce whose result is cut
-    elif kind == "reduce-scatter":  # the bytes reduced: the result times the group
-        sizes = [s * _group_size(line) for s in sizes]
-    return kind, sum(sizes)
-
-
-def _trip_count(line: str, condition: list[str]) -> int:
-    """A while loop's trip count: XLA's known_trip_count, else the s32 constant its condition
-    compares the counter against (a scan counts 0 .. n-1), else 1."""
-    known = _TRIP.search(line)
-    if known:
-        return int(known.group(1))
-    consts = dict(re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", "\n".join(condition)))
-    for cond_line in condition:
-        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", cond_line)
-        if compare and compare.group(2) in consts:
-            return int(consts[compare.group(2)])
-    return 1
-
 
 def has_conditional(hlo: str) -> bool:
     """Whether the program branches on a value (lax.cond's `conditional`)."""
@@ -336,11 +237,14 @@ def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, bigge
     if compiled is not None:
         memory = compiled.memory_analysis()
         peak = int(memory.peak_memory_in_bytes)
-        found = collectives(compiled.as_text())
+        ops, unknown = collectives.read(compiled.as_text(), tuple(mesh.shape.values()),
+                                        tuple(mesh.shape))
+        found = collectives.totals(ops)
         parts = {k: int(getattr(memory, f"{k}_size_in_bytes", 0) or 0)
                  for k in ("argument", "output", "alias", "temp")}
     else:
         peak, found, parts = int(_used_from(failure) or 0), {}, {"compiler": failure[:300]}
+        ops, unknown = [], []
     parts["biggest"] = biggest
     hbm = target.hbm_bytes or float("inf")
     compute_s = ((flops_per_step + recomputed) / (target.chips * target.peak_flops)
@@ -351,10 +255,27 @@ def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, bigge
     mfu = flops_per_step / (target.chips * target.peak_flops * step_s) if step_s else 0.0
     return Report(target.name, target.chips, dict(mesh.shape), compiled is not None and peak <= hbm,
                   peak, hbm, est, flops_per_step, found, step_s, mfu, round(seconds, 2), parts,
+                  top=collectives.top(ops, TOP), unknown_loops=unknown,
                   hlo=compiled.as_text() if compiled is not None else "")
 
 
-def text(report: Report, target, lines: list[str]) -> str:
+def top_lines(rows: list[dict]) -> list[str]:
+    """--top: the largest collectives, bytes per chip per run x runs, and the mesh axes."""
+    from transformer.model.sizes import human
+    if not rows:
+        return []
+    out = ["  largest collectives (per chip; bytes x runs; the mesh axes each group spans):"]
+    for r in rows:
+        shape = re.sub(r"\{[^{}]*\}|/\*.*?\*/", "", r["shape"])
+        shape = shape if len(shape) <= 48 else shape[:45] + "..."
+        axes = "+".join(r["axes"]) or ("?" if r["group"] is None else "-")
+        out.append(f"    {r['kind']:<18} {human(r['bytes'], 'B'):>9} x {r['runs']:<4} "
+                   f"{axes:<12} {shape}  {r['op_name'][-70:]}"
+                   + (" (in a conditional branch)" if r["in_branch"] else ""))
+    return out
+
+
+def text(report: Report, target, lines: list[str], top: int = 5) -> str:
     from transformer.model.sizes import human
     gib = lambda n: human(n, "B")  # noqa: E731
     out = [target.describe(), *lines, f"{report.program}:"]
@@ -375,6 +296,10 @@ def text(report: Report, target, lines: list[str]) -> str:
                        f"{gib(v['bytes'])} per chip (results)")
     if not any(v["count"] for v in report.collectives.values()):
         out.append("  collectives: none")
+    for loop in report.unknown_loops:
+        out.append(f"  warning: loop {loop['loop']} has a trip count XLA does not state and its "
+                   "condition does not show: its collectives are counted once (unknown)")
+    out += top_lines(report.top[:top])
     bound = ("compute at peak with remat's recompute, or the collectives at the links' "
              "bandwidth" + (", or each token's read of weights and cache from HBM"
                             if report.unit != "step" else "") + ", the largest")
@@ -408,6 +333,7 @@ def main_flags():
     prompt_flag = flags.DEFINE_integer("prompt_len", 64, "--decode: prompt tokens.")
     new_flag = flags.DEFINE_integer("max_new_tokens", 64, "--decode: tokens to sample.")
     json_flag = flags.DEFINE_string("json", None, "Also write the numbers as JSON to this path.")
+    top_flag = flags.DEFINE_integer("top", 5, "List the N largest collectives (text and JSON).")
     search_flag = flags.DEFINE_bool("search", False, "Try meshes, remat and grad_accum; rank.")
     compiles_flag = flags.DEFINE_integer("search_compiles", 4, "--search: at most this many "
                                          "compiles (the estimate prunes the rest first).")
@@ -445,10 +371,10 @@ def main_flags():
                                            new_flag.value)
         else:
             report, lines = compile_train(config, target)
-        print(text(report, target, lines))
+        print(text(report, target, lines, top_flag.value))
         if json_flag.value:
             with open(json_flag.value, "w") as f:
-                json.dump(report.json(), f, indent=1)
+                json.dump(report.json(top_flag.value), f, indent=1)
         if not report.fits:
             cli.fail(advice(report, config), status=1)
 
