@@ -200,3 +200,21 @@ def test_top_lists_the_largest_first():
     rows = collectives.top(ops, 2)
     assert [r["kind"] for r in rows] == ["reduce-scatter", "all-gather"]
     assert rows[0]["total_bytes"] == 64 * 64 * 4
+
+
+def test_a_transfer_between_slices_is_a_dcn_collective():
+    """libtpu compiles one slice's program; what crosses the data-center network is a
+    host-transfer send (and its recv) to the megascale runtime, not a replica group."""
+    hlo = """HloModule m
+
+ENTRY %main (g: f32[6,8,128]) -> f32[6,8,128] {
+  %g = f32[6,8,128] parameter(0)
+  %after-all = token[] after-all()
+  %send = (f32[6,8,128]{2,1,0:T(8,128)}, u32[], token[]) send(%g, %after-all), channel_id=5, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.71_0",_xla_megascale_reduce_operation="SUM",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[6,8,128]{2,1,0:T(8,128)}, u32[], token[]) recv(%after-all), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.71_0",_xla_megascale_transfer_type="ALL_REDUCE"}
+  ROOT %r = f32[6,8,128] get-tuple-element(%recv), index=0
+}
+"""
+    found, ops, _ = read(hlo)
+    assert found["all-reduce"] == {"count": 1, "bytes": 6 * 8 * 128 * 4}
+    assert ops[0].network == "dcn"

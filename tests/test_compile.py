@@ -134,3 +134,23 @@ def test_search_says_none_fits_a_target_too_small_without_compiling():
     assert r.returncode == 1, r.stderr[-2000:]
     assert "compiled 0 of" in r.stdout
     assert r.stderr.startswith("error: none of the") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_libtpu_reports_the_usable_hbm_the_targets_assume():
+    """target.LIBTPU_HBM is what libtpu says a program may use ('exceeds available HBM
+    (95.74G)'), below the datasheet: a 400 GiB program on one chip of each kind shows it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from transformer.parallel import target as target_lib
+    for chip, usable in target_lib.LIBTPU_HBM.items():
+        target = target_lib.parse(f"{chip}:2x2" if chip in ("v5e", "v6e") else f"{chip}:2x2x1")
+        mesh = Mesh(np.array(target.devices[:1]), ("x",))
+        big = jax.ShapeDtypeStruct((100 * 2**30,), jnp.float32,
+                                   sharding=NamedSharding(mesh, PartitionSpec()))
+        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as refused:
+            jax.jit(lambda a: a * 2 + 1).lower(big).compile()
+        said = re.search(r"available HBM \(([\d.]+)G\)", str(refused.value))
+        assert said and float(said.group(1)) * 2**30 == usable == target.memory_bytes, chip

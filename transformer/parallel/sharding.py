@@ -84,12 +84,31 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
     """
     devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape(mesh_config, len(devices))
+    slices = len({getattr(d, "slice_index", 0) or 0 for d in devices})
+    if slices > 1:
+        return _hybrid_mesh(shape, devices, slices)
     try:
         return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
     except NotImplementedError:  # an axis that is no product of whole torus axes (32 on 8x8x16)
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
         return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def _hybrid_mesh(shape, devices, slices: int) -> Mesh:
+    """A mesh over several TPU slices (multi-slice): the data axis across slices, over the
+    data-center network, as MaxText lays it out (data parallelism needs the least bandwidth);
+    fsdp where data does not divide by the slices. Inside a slice, by physical topology."""
+    from jax.experimental import mesh_utils
+    axis = 0 if shape[0] % slices == 0 else 1 if shape[1] % slices == 0 else None
+    if axis is None:
+        raise ConfigError(f"a mesh of data {shape[0]} x fsdp {shape[1]} over {slices} slices: "
+                          f"mesh.data or mesh.fsdp must be a multiple of {slices}")
+    dcn = [1, 1, 1]
+    dcn[axis] = slices
+    ici = [n // d for n, d in zip(shape, dcn)]
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def platform(mesh) -> str:

@@ -1,6 +1,7 @@
 """The target a program is built for: this host, or a TPU/GPU topology compiled ahead of time.
 
     target = parse("v5p:8x8x16")     # 1,024 abstract TPU v5p chips on 256 hosts (needs libtpu)
+    target = parse("v5p:8x8x16*2")   # two such slices joined by the data-center network (DCN)
     target = parse("h100:1x1x8")     # 8 H100s on one host (needs the CUDA plugin, JAX_PLATFORMS=cpu)
     target = host()                  # this machine's own devices, jax.process_count() hosts
     mesh = sharding.make_mesh(config.mesh, target.devices)
@@ -28,6 +29,10 @@ import sys
 import tempfile
 
 GiB = 2**30
+# What libtpu lets a program use per chip, below the datasheet's HBM: the "available HBM" of
+# its RESOURCE_EXHAUSTED message (libtpu 0.0.42.1, jax 0.10.2, measured 2026-12-07 by
+# compiling a 400 GiB program for one chip of each; tests/test_compile.py checks them).
+LIBTPU_HBM = {"v4": 30.75 * GiB, "v5e": 15.75 * GiB, "v5p": 95.74 * GiB, "v6e": 31.25 * GiB}
 
 # Per-chip TPU facts, each from its public source (GPUs': parallel/gpu_targets, beside the
 # XLA target configs) (HBM bandwidth hbm_bw from the same pages, in
@@ -69,6 +74,12 @@ class Target:
     peak_flops: float | None     # bf16 FLOP/s per chip
     link_bytes_s: float | None   # interconnect bandwidth per chip, one direction
     hbm_bytes_s: float | None = None  # HBM bandwidth per chip
+    usable_bytes: float | None = None  # what the device reports (libtpu, CUDA); None: hbm_bytes
+
+    @property
+    def memory_bytes(self) -> float | None:
+        """Per chip, what a program may use: the device's reported memory, else the datasheet."""
+        return self.usable_bytes or self.hbm_bytes
 
     @property
     def chips(self) -> int:
@@ -78,7 +89,8 @@ class Target:
         line = f"target: {self.name}, {self.chips} {self.devices[0].device_kind} chips on " \
                f"{self.hosts} host{'s' if self.hosts > 1 else ''}"
         if self.hbm_bytes:
-            line += (f"; per chip {self.hbm_bytes / GiB:.1f} GiB HBM, "
+            line += (f"; per chip {self.hbm_bytes / GiB:.1f} GiB HBM ({self.memory_bytes / GiB:.2f} "
+                     "usable as the device reports it), "
                      f"{self.peak_flops / 1e12:.0f} TFLOP/s bf16 peak, "
                      f"{self.link_bytes_s / 1e9:.0f} GB/s interconnect")
         return line
@@ -91,7 +103,7 @@ def host() -> Target:
     return Target("host", devices[0].platform, devices, jax.process_count(), None, None, None)
 
 
-_NAME = re.compile(r"^(?P<chip>[a-z0-9]+):(?P<shape>\d+(?:x\d+){1,2})$")
+_NAME = re.compile(r"^(?P<chip>[a-z0-9]+):(?P<shape>\d+(?:x\d+){1,2})(?:\*(?P<slices>\d+))?$")
 
 
 def parse(name: str) -> Target:
@@ -102,9 +114,12 @@ def parse(name: str) -> Target:
     if not match or match["chip"] not in TPUS + GPUS:
         raise TargetError(f"--target={name}: not a target name; one of {names} with a "
                           "topology such as v5e:2x2, v5p:8x8x16, v6e:16x16, h100:1x1x8")
-    chip, shape = match["chip"], match["shape"]
+    chip, shape, slices = match["chip"], match["shape"], int(match["slices"] or 1)
     if chip in TPUS:
-        return tpu(chip, shape)
+        return tpu(chip, shape, slices)
+    if slices != 1:
+        raise TargetError(f"--target={name}: GPU hosts are named in the topology "
+                          f"(SLICESxHOSTSxGPUS, e.g. {chip}:1x2x8), not with *N")
     if shape.count("x") != 2:
         raise TargetError(f"--target={name}: a GPU topology is SLICESxHOSTSxGPUS, e.g. "
                           f"{chip}:1x1x8")
@@ -112,7 +127,12 @@ def parse(name: str) -> Target:
     return gpu(chip, shape, gpu_target_config(chip))
 
 
-def tpu(chip: str, shape: str) -> Target:
+def tpu(chip: str, shape: str, slices: int = 1) -> Target:
+    """`slices` copies of the topology joined by the data-center network (multi-slice)."""
+    from transformer.parallel import links
+    if slices > 1 and links.DCN.get(chip) is None:
+        raise TargetError(f"--target={chip}:{shape}*{slices}: no published DCN bandwidth for "
+                          f"{chip} to price traffic between slices (parallel/links.py)")
     if importlib.util.find_spec("libtpu") is None:
         raise TargetError(f"compiling for TPU {chip}:{shape} needs libtpu: {TPU_INSTALL}")
     from jax.experimental import topologies
@@ -126,13 +146,15 @@ def tpu(chip: str, shape: str) -> Target:
             # one per chip (megacore), as JAX runs a v4 and as v5p's topologies already come
             desc = topologies.get_topology_desc(
                 platform="tpu", topology_name=f"{chip}:{shape}",
-                **({"chip_config_name": "megacore"} if chip == "v4" else {}))
+                **({"chip_config_name": "megacore"} if chip == "v4" else {}),
+                **({"num_slices": slices} if slices > 1 else {}))
     except Exception as e:  # noqa: BLE001 - libtpu's refusal, as one line
         raise TargetError(f"--target={chip}:{shape}: {_first_line(e)}") from None
     devices = tuple(desc.devices)
     facts = CHIPS[chip]
-    return Target(f"{chip}:{shape}", "tpu", devices, len({d.process_index for d in devices}),
-                  facts["hbm"], facts["peak"], facts["link"], facts["hbm_bw"])
+    name = f"{chip}:{shape}" + (f"*{slices}" if slices > 1 else "")
+    return Target(name, "tpu", devices, len({d.process_index for d in devices}),
+                  facts["hbm"], facts["peak"], facts["link"], facts["hbm_bw"], LIBTPU_HBM[chip])
 
 
 def gpu_target_config(chip: str) -> str:
@@ -159,7 +181,7 @@ def gpu(chip: str, shape: str, target_config: str) -> Target:
     facts = gpu_targets.chip(chip)
     return Target(f"{chip}:{shape}", "gpu", tuple(desc.devices), slices * hosts,
                   facts.hbm_bytes, facts.peak_bf16_flops, facts.nvlink_one_way_bytes_per_s,
-                  facts.hbm_bytes_per_s)
+                  facts.hbm_bytes_per_s, facts.reported_bytes)
 
 
 def _need_cuda(chip: str, shape: str) -> None:

@@ -52,11 +52,13 @@ class Op:
     axes: tuple = ()   # mesh axes the group spans (() when the groups were not readable)
     groups: object = None  # the replica groups, [G, S] device ids (None: not readable)
     in_branch: bool = False
+    network: str = ""  # "dcn": a multi-slice transfer between slices (megascale send)
 
     def row(self) -> dict:
         return {"kind": self.kind, "op_name": self.op_name, "shape": self.shape,
                 "bytes": self.bytes, "runs": self.runs, "total_bytes": self.bytes * self.runs,
-                "group": self.group, "axes": list(self.axes), "in_branch": self.in_branch}
+                "group": self.group, "axes": list(self.axes), "in_branch": self.in_branch,
+                "network": self.network}
 
 
 @dataclasses.dataclass
@@ -146,6 +148,8 @@ def read(hlo: str, mesh_shape: tuple = (), axis_names: tuple = ()) -> tuple[list
         if depth > 64:
             return
         for inst in comps[comp]:
+            if inst.opcode == "send" and "_xla_megascale_transfer_type" in inst.attrs:
+                _record_dcn(found, inst, runs, in_branch)
             kind = _kind(comp, inst)
             if kind:
                 _record(found, comp, inst, kind, runs, in_branch, named, params, mesh_shape,
@@ -196,6 +200,28 @@ def _record(found, comp, inst, kind, runs, in_branch, named, params, mesh_shape,
                         group, axes, groups, in_branch)
     else:  # another piece of the same operation (an async update, a split fusion)
         op.runs, op.bytes = max(op.runs, runs), max(op.bytes, size)
+
+
+_MEGASCALE = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather",
+              "REDUCE_SCATTER": "reduce-scatter", "ALL_TO_ALL": "all-to-all"}
+
+
+def _record_dcn(found, inst, runs, in_branch):
+    """A multi-slice program's collective between slices: libtpu compiles one slice's program,
+    and what crosses the data-center network is a host-transfer `send` to the megascale
+    runtime (with its `recv`), keyed by its rendezvous; its first operand is what each chip
+    contributes (the in-slice part ran before it, over ICI)."""
+    kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', inst.attrs).group(1)
+    key = re.search(r'_xla_host_transfer_rendezvous="([^"]*)"', inst.attrs)
+    key = ("dcn", key.group(1) if key else inst.name)
+    shape = _top_level(inst.shape[1:-1])[0] if inst.shape.startswith("(") else inst.shape
+    op_name = re.search(r'op_name="([^"]*)"', inst.attrs)
+    if key in found:
+        found[key].runs = max(found[key].runs, runs)
+        return
+    found[key] = Op(_MEGASCALE.get(kind, kind.lower()), inst.name,
+                    op_name.group(1) if op_name else "", shape, sum(array_bytes(shape)), runs,
+                    None, ("slices",), None, in_branch, network="dcn")
 
 
 def _result_shape(inst: _Inst) -> str:

@@ -41,6 +41,8 @@ GiB = 2**30
 # all-reduce is a reduce-scatter then an all-gather, 2x; the others move their result once.
 TRAFFIC = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0,
            "collective-permute": 1.0}
+NETWORK_NAMES = {"ici": "ICI (inside a slice)", "dcn": "DCN (between slices)",
+                 "nvlink": "NVLink (inside a host)", "network": "the network between hosts"}
 TOP = 20  # the largest collectives a report keeps (--top=N prints and writes the first N)
 
 
@@ -63,6 +65,11 @@ class Report:
     program: str = "train step"
     unit: str = "step"
     top: list = dataclasses.field(default_factory=list)  # the largest collectives (--top)
+    links: dict = dataclasses.field(default_factory=dict)  # per network: ops, bytes, seconds
+    peak_flops_per_chip: float = 0.0   # of the precision the matmuls run in (peak_source)
+    peak_source: str = ""
+    compute_s: float = 0.0             # the roofline's compute term
+    gpu_memory: dict = dataclasses.field(default_factory=dict)  # JAX's preallocation verdict
     unknown_loops: list = dataclasses.field(default_factory=list)  # counted once, unknown trips
     hlo: str = ""  # the compiled program's text (not written to --json)
 
@@ -155,7 +162,7 @@ def compile_train(config, target) -> tuple[Report, list[str]]:
     lines += layout(trainer)
     biggest = sorted(_shard_bytes(state), key=lambda kv: -kv[1])[:3]
     report = _report(target, mesh, compiled, failure, seconds, flops_per_step,
-                     estimate(trainer, state), biggest, recomputed)
+                     estimate(trainer, state), biggest, recomputed, trainer.model_config.dtype)
     return report, lines
 
 
@@ -194,17 +201,26 @@ def compile_decode(config, target, batch: int, prompt_len: int, max_new_tokens: 
     seconds = time.perf_counter() - began
     tokens = batch * (P + budget)
     flops_per_call = flops.forward_flops_per_token(c) * tokens
-    est = sum(b for _, b in _shard_bytes(params)) + sum(b for _, b in _shard_bytes(cache))
-    biggest = sorted(_shard_bytes({"params": params, "cache": cache}), key=lambda kv: -kv[1])[:3]
-    report = _report(target, mesh, compiled, failure, seconds, flops_per_call, est, biggest)
+    # the program gathers the weights over fsdp once, at its top (decode.sharded_program):
+    # each chip then holds its trained shard and the gathered copy, and every token reads
+    # the gathered copy and the cache
+    gathered = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                            shapes, sharding.param_shardings(
+                                c, mesh, sharding.decode_rules(rules, mesh, batch)))
+    read = sum(b for _, b in _shard_bytes(gathered)) + sum(b for _, b in _shard_bytes(cache))
+    est = sum(b for _, b in _shard_bytes(params)) + read
+    biggest = sorted(_shard_bytes({"gathered params": gathered, "cache": cache}),
+                     key=lambda kv: -kv[1])[:3]
+    report = _report(target, mesh, compiled, failure, seconds, flops_per_call, est, biggest,
+                     dtype=c.dtype)
     if compiled is not None and target.hbm_bytes_s:
         # each new token reads every weight and the cache once: HBM, not the MXU, bounds it
-        memory_s = budget * est / target.hbm_bytes_s
+        memory_s = budget * read / target.hbm_bytes_s
         if memory_s > report.predicted_step_s:
             report.predicted_mfu *= report.predicted_step_s / memory_s
             report.predicted_step_s = memory_s
     report.program = (f"decode ({batch} rows, prompt {P}, {budget} new tokens; estimate: "
-                      "params and KV cache)")
+                      "the params' shard, their copy gathered over fsdp, and the KV cache)")
     report.unit = "call (a loop of unknown length counted once)"
     return report, [sharding.describe(mesh, target.hosts)]
 
@@ -231,9 +247,20 @@ def _used_from(message: str) -> float | None:
     return None
 
 
+def peak_of(target, dtype: str) -> tuple[float, str]:
+    """Per chip, the peak FLOP/s of what the target's matmuls run for `dtype` (model.dtype):
+    train/metrics.py's table, where float32 runs as TF32 on NVIDIA GPUs and as bf16 passes on
+    TPUs at jax's default precision."""
+    from transformer.train import metrics
+    if target.platform not in ("tpu", "gpu"):
+        return target.peak_flops or 0.0, "unknown"
+    return metrics.peak_flops(dtype, target.devices[0])
+
+
 def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, biggest,
-            recomputed: float = 0.0) -> Report:
+            recomputed: float = 0.0, dtype: str = "bfloat16") -> Report:
     """`recomputed`: FLOPs remat repeats, which the chip spends and MFU does not count."""
+    from transformer.parallel import links
     if compiled is not None:
         memory = compiled.memory_analysis()
         peak = int(memory.peak_memory_in_bytes)
@@ -246,17 +273,39 @@ def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, bigge
         peak, found, parts = int(_used_from(failure) or 0), {}, {"compiler": failure[:300]}
         ops, unknown = [], []
     parts["biggest"] = biggest
-    hbm = target.hbm_bytes or float("inf")
-    compute_s = ((flops_per_step + recomputed) / (target.chips * target.peak_flops)
-                 if target.peak_flops else 0.0)
-    comm_s = (sum(TRAFFIC[k] * v["bytes"] for k, v in found.items()) / target.link_bytes_s
-              if target.link_bytes_s else 0.0)
-    step_s = max(compute_s, comm_s)
-    mfu = flops_per_step / (target.chips * target.peak_flops * step_s) if step_s else 0.0
-    return Report(target.name, target.chips, dict(mesh.shape), compiled is not None and peak <= hbm,
-                  peak, hbm, est, flops_per_step, found, step_s, mfu, round(seconds, 2), parts,
-                  top=collectives.top(ops, TOP), unknown_loops=unknown,
-                  hlo=compiled.as_text() if compiled is not None else "")
+    usable = target.memory_bytes or float("inf")
+    flops_s, source = peak_of(target, dtype)
+    compute_s = (flops_per_step + recomputed) / (target.chips * flops_s) if flops_s else 0.0
+    priced = links.price(ops, list(mesh.devices.flat), target) if target.link_bytes_s else \
+        {"networks": {}, "seconds": 0.0}
+    step_s = max(compute_s, priced["seconds"])
+    mfu = flops_per_step / (target.chips * flops_s * step_s) if step_s else 0.0
+    report = Report(target.name, target.chips, dict(mesh.shape),
+                    compiled is not None and peak <= usable, peak, usable, est, flops_per_step,
+                    found, step_s, mfu, round(seconds, 2), parts,
+                    top=collectives.top(ops, TOP), unknown_loops=unknown,
+                    hlo=compiled.as_text() if compiled is not None else "")
+    report.peak_flops_per_chip, report.peak_source = flops_s, source
+    report.compute_s, report.links = compute_s, priced["networks"]
+    if target.platform == "gpu":
+        report.gpu_memory = gpu_memory(peak, usable)
+    return report
+
+
+# JAX preallocates this fraction of a GPU's memory at start-up and allocates from it
+# (https://docs.jax.dev/en/latest/gpu_memory_allocation.html)
+JAX_GPU_FRACTION = 0.75
+
+
+def gpu_memory(peak: int, usable: float) -> dict:
+    """Whether the program fits JAX's default preallocation, and how to give it more."""
+    pool = usable * JAX_GPU_FRACTION
+    return {"default_pool_bytes": pool, "fits_default": peak <= pool,
+            "advice": "" if peak <= pool else
+            (f"XLA's peak {peak / GiB:.1f} GiB exceeds JAX's default pool (75% of "
+             f"{usable / GiB:.1f} GiB = {pool / GiB:.1f} GiB): run with "
+             f"XLA_PYTHON_CLIENT_MEM_FRACTION={min(0.95, (peak / usable) + 0.02):.2f}, or "
+             "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocates on demand, may fragment)")}
 
 
 def top_lines(rows: list[dict]) -> list[str]:
@@ -282,8 +331,12 @@ def text(report: Report, target, lines: list[str], top: int = 5) -> str:
     verdict = "fits" if report.fits else \
         f"short by {gib(report.peak_bytes_per_chip - report.hbm_bytes_per_chip)}"
     out.append(f"  memory per chip: XLA's peak {gib(report.peak_bytes_per_chip)} of "
-               f"{gib(report.hbm_bytes_per_chip)} HBM: {verdict} (the project's estimate, "
-               f"model/sizes.py's figures: {gib(report.estimate_bytes_per_chip)})")
+               f"{gib(report.hbm_bytes_per_chip)} the device reports: {verdict} (the project's "
+               f"estimate, model/sizes.py's figures: {gib(report.estimate_bytes_per_chip)})")
+    if report.gpu_memory:
+        g = report.gpu_memory
+        out.append("    JAX preallocates 75% of a GPU (" + gib(g["default_pool_bytes"]) + "): "
+                   + ("fits that too" if g["fits_default"] else g["advice"]))
     m = report.memory
     if "temp" in m:
         out.append(f"    arguments {gib(m['argument'])}, temporaries {gib(m['temp'])}, outputs "
@@ -300,8 +353,14 @@ def text(report: Report, target, lines: list[str], top: int = 5) -> str:
         out.append(f"  warning: loop {loop['loop']} has a trip count XLA does not state and its "
                    "condition does not show: its collectives are counted once (unknown)")
     out += top_lines(report.top[:top])
-    bound = ("compute at peak with remat's recompute, or the collectives at the links' "
-             "bandwidth" + (", or each token's read of weights and cache from HBM"
+    for name, v in report.links.items():
+        out.append(f"  on {NETWORK_NAMES.get(name, name)}: {v['ops']} collectives, "
+                   f"{gib(v['bytes'])} per chip (results), {gib(v['sent'])} sent, "
+                   f"{v['seconds'] * 1e3:.4g} ms")
+    out.append(f"  compute at {report.peak_flops_per_chip / 1e12:.4g} TFLOP/s per chip "
+               f"({report.peak_source}): {report.compute_s * 1e3:.4g} ms")
+    bound = ("compute at peak with remat's recompute, or the collectives on their links, "
+             "one after another" + (", or each token's read of weights and cache from HBM"
                             if report.unit != "step" else "") + ", the largest")
     out.append(f"  roofline {report.unit.split()[0]} time (upper bound on speed: {bound}): "
                f"{report.predicted_step_s * 1e3:.4g} ms, MFU at most "

@@ -35,6 +35,7 @@ class GpuChip:
     #                            quotes it; each direction carries half (what a ring
     #                            all-gather or reduce-scatter moves per GPU per second)
     sources: dict            # field -> the public document it comes from
+    reported_bytes: int | None = None  # the memory CUDA reports on a real one (None: unknown)
 
     @property
     def nvlink_one_way_bytes_per_s(self) -> float:
@@ -45,6 +46,9 @@ _H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet, SXM column "
             "(https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet)")
 _H100_WP = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022 "
             "(https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper)")
+_XLA_SPECS = ("XLA's gpu_specs/h100_sxm.txtpb, what CudaExecutor::CreateDeviceDescription "
+              "reports on an H100 SXM (https://github.com/openxla/xla/tree/main/xla/tools/"
+              "hlo_opt/gpu_specs)")
 _H200_DS = "NVIDIA H200 datasheet, SXM column (https://www.nvidia.com/en-us/data-center/h200/)"
 _A100_DS = ("NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column "
             "(https://www.nvidia.com/en-us/data-center/a100/)")
@@ -60,7 +64,10 @@ CHIPS = {
                  "peak_bf16_flops": f"989.4 dense BF16 TFLOPS (1,979 with sparsity): "
                                     f"{_H100_WP}; {_H100_DS}",
                  "nvlink_bytes_per_s": f"NVLink 900GB/s (18 fourth-generation links): "
-                                       f"{_H100_DS}"}),
+                                       f"{_H100_DS}",
+                 "reported_bytes": f"device_memory_size 84978434048 (79.14 GiB): "
+                                   f"{_XLA_SPECS}"},
+        reported_bytes=84978434048),
     "h200": GpuChip(
         "h200", "NVIDIA H200", hbm_bytes=141 * GIB, hbm_bytes_per_s=4.8e12,
         peak_bf16_flops=989.4e12, nvlink_bytes_per_s=900e9,
