@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "docs" / "records"
 PAGE = ROOT / "docs" / "records.md"
+ACCELERATORS = ROOT / "docs" / "accelerators.md"  # its table of compile records
 KINDS = {
     "quickstart": "The quick start: `train.py` with configs/default.py",
     "side_by_side": "Side by side with nanoGPT's CPU recipe and with nanochat, on the same text",
@@ -117,19 +118,25 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if docs/records.md differs from the records")
     args = parser.parse_args(argv)
+    from transformer.lab import accelerators_table
     try:
         text = render()
+        compiled = FOLDER / "compile.jsonl"
+        pages = {PAGE: text, ACCELERATORS: accelerators_table.rewrite(
+            ACCELERATORS.read_text(encoding="utf-8"), read(compiled) if compiled.exists() else [])}
     except (ValueError, json.JSONDecodeError) as e:
         print(f"error: docs/records: {e}", file=sys.stderr)
         return 1
     if args.check:
-        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != text:
-            print("error: docs/records.md is stale: run python -m transformer.lab.records",
-                  file=sys.stderr)
-            return 1
+        for page, want in pages.items():
+            if not page.exists() or page.read_text(encoding="utf-8") != want:
+                print(f"error: docs/{page.name} is stale: run python -m transformer.lab.records",
+                      file=sys.stderr)
+                return 1
         return 0
-    PAGE.write_text(text, encoding="utf-8")
-    print(f"wrote {PAGE}")
+    for page, want in pages.items():
+        page.write_text(want, encoding="utf-8")
+        print(f"wrote {page}")
     return 0
 
 

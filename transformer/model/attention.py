@@ -82,17 +82,21 @@ def dot_product_attention(q_BHTK, k_BGSK, v_BGSK, mask_BHTS, compute_dtype=None)
     B, H, T, d_k = q_BHTK.shape
     G, S = k_BGSK.shape[1], k_BGSK.shape[2]
     cdt = compute_dtype or q_BHTK.dtype
-    # As batched matmuls over N = B·G (key/value head) slices: every reshape here is free,
-    # and XLA needs no transposed copy of K or V (which, for the KV cache, is a large array).
-    q_NXK = q_BHTK.reshape(B * G, (H // G) * T, d_k).astype(cdt)  # X = R·T: a group's queries
-    k_NSK, v_NSK = (x.reshape(B * G, S, d_k).astype(cdt) for x in (k_BGSK, v_BGSK))
-    scores_NXS = jnp.einsum("nxk,nsk->nxs", q_NXK, k_NSK, preferred_element_type=jnp.float32)
-    scores_BHTS = scores_NXS.reshape(B, H, T, S) / jnp.sqrt(jnp.float32(d_k))
+    # As matmuls batched over (B, G) (key/value heads): every reshape here is free, XLA
+    # needs no transposed copy of K or V (which, for the KV cache, is a large array), and
+    # batch and heads stay apart: merged into one axis (B·G), heads split over a tensor axis
+    # could not stay split, and XLA gathered every head's Q, K and V on every chip.
+    q_BGXK = q_BHTK.reshape(B, G, (H // G) * T, d_k).astype(cdt)  # X = R·T: a group's queries
+    k_BGSK, v_BGSK = (x.astype(cdt) for x in (k_BGSK, v_BGSK))
+    scores_BGXS = jnp.einsum("bgxk,bgsk->bgxs", q_BGXK, k_BGSK,
+                             preferred_element_type=jnp.float32)
+    scores_BHTS = scores_BGXS.reshape(B, H, T, S) / jnp.sqrt(jnp.float32(d_k))
     scores_BHTS = jnp.where(mask_BHTS, scores_BHTS, MASKED)
     weights_BHTS = softmax(scores_BHTS)
-    weights_NXS = weights_BHTS.reshape(B * G, -1, S).astype(cdt)
-    out_NXK = jnp.einsum("nxs,nsk->nxk", weights_NXS, v_NSK, preferred_element_type=jnp.float32)
-    return out_NXK.reshape(B, H, T, d_k).astype(q_BHTK.dtype), weights_BHTS
+    weights_BGXS = weights_BHTS.reshape(B, G, -1, S).astype(cdt)
+    out_BGXK = jnp.einsum("bgxs,bgsk->bgxk", weights_BGXS, v_BGSK,
+                          preferred_element_type=jnp.float32)
+    return out_BGXK.reshape(B, H, T, d_k).astype(q_BHTK.dtype), weights_BHTS
 
 
 def causal_blocks(T: int) -> list[tuple[int, int]]:

@@ -125,3 +125,20 @@ def price(ops: list, mesh_devices: list, target) -> dict:
         add(name, op, TRAFFIC[op.kind] * op.bytes * op.runs * (n - 1) / n if n > 1 else 0,
             bandwidth)
     return {"networks": networks, "seconds": sum(v["seconds"] for v in networks.values())}
+
+
+def axis_bandwidth(target, inner: int, size: int) -> float:
+    """Before compiling (compile --search's guess): bytes/s one way per chip for a collective
+    along a mesh axis of `size` devices laid out inside `inner` devices of the axes within
+    it. The devices of a target are listed host by host and slice by slice, so an axis whose
+    groups reach past a host (GPU) or a slice (TPU) crosses the slower network; on a TPU a
+    ring is taken along one torus axis (2 ports)."""
+    chip, reach = chip_of(target), inner * size
+    if target.platform == "gpu":
+        per_host = target.chips // max(target.hosts, 1)
+        return NETWORK[chip] if reach > per_host else target.link_bytes_s
+    slices = len({getattr(d, "slice_index", 0) or 0 for d in target.devices})
+    if slices > 1 and reach > target.chips // slices:
+        return DCN[chip]
+    both_ways, ports = CHIP_LINKS[chip]
+    return both_ways / ports

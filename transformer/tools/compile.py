@@ -34,7 +34,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.tools import collectives
+from transformer.tools import collectives, program
 
 GiB = 2**30
 # Bytes a chip sends per byte of the collective's result, on a ring of n (large n): an
@@ -71,10 +71,14 @@ class Report:
     compute_s: float = 0.0             # the roofline's compute term
     gpu_memory: dict = dataclasses.field(default_factory=dict)  # JAX's preallocation verdict
     unknown_loops: list = dataclasses.field(default_factory=list)  # counted once, unknown trips
+    fingerprint: str = ""  # of the optimised HLO, metadata stripped (tools/program.py)
+    built_under: dict = dataclasses.field(default_factory=dict)  # versions, XLA flags
     hlo: str = ""  # the compiled program's text (not written to --json)
+    compiled: object = None  # the executable (--save; not written to --json)
 
     def json(self, top: int = TOP) -> dict:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "hlo"}
+        out = {k: v for k, v in dataclasses.asdict(
+            dataclasses.replace(self, compiled=None)).items() if k not in ("hlo", "compiled")}
         out["top"] = out["top"][:top]
         return out
 
@@ -286,6 +290,8 @@ def _report(target, mesh, compiled, failure, seconds, flops_per_step, est, bigge
                     top=collectives.top(ops, TOP), unknown_loops=unknown,
                     hlo=compiled.as_text() if compiled is not None else "")
     report.peak_flops_per_chip, report.peak_source = flops_s, source
+    report.compiled, report.built_under = compiled, program.built_under()
+    report.fingerprint = program.fingerprint(report.hlo) if report.hlo else ""
     report.compute_s, report.links = compute_s, priced["networks"]
     if target.platform == "gpu":
         report.gpu_memory = gpu_memory(peak, usable)
@@ -365,7 +371,8 @@ def text(report: Report, target, lines: list[str], top: int = 5) -> str:
     out.append(f"  roofline {report.unit.split()[0]} time (upper bound on speed: {bound}): "
                f"{report.predicted_step_s * 1e3:.4g} ms, MFU at most "
                f"{100 * report.predicted_mfu:.1f}%")
-    out.append(f"  compiled in {report.compile_s:.1f} s")
+    out.append(f"  compiled in {report.compile_s:.1f} s; program fingerprint {report.fingerprint} "
+               "(optimised HLO, metadata stripped)")
     return "\n".join(out)
 
 
@@ -383,6 +390,11 @@ def advice(report: Report, config) -> str:
             + (", or --search" if mesh.fsdp == 1 else ""))
 
 
+def _config_path() -> str:
+    """The --config=PATH given on the command line."""
+    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
+
+
 def main_flags():
     config_flag = config_flags.DEFINE_config_file("config", None,
                                                   "A config file (Python, get_config()).")
@@ -392,6 +404,11 @@ def main_flags():
     prompt_flag = flags.DEFINE_integer("prompt_len", 64, "--decode: prompt tokens.")
     new_flag = flags.DEFINE_integer("max_new_tokens", 64, "--decode: tokens to sample.")
     json_flag = flags.DEFINE_string("json", None, "Also write the numbers as JSON to this path.")
+    hlo_flag = flags.DEFINE_string("hlo", None, "Write the optimised HLO to this path.")
+    save_flag = flags.DEFINE_string("save", None, "Serialise the compiled executable to this "
+                                    "path (jax.experimental.serialize_executable).")
+    record_flag = flags.DEFINE_string("record", None, "Append the figures as a dated record "
+                                      "(docs/records/compile.jsonl; transformer/lab/records.py).")
     top_flag = flags.DEFINE_integer("top", 5, "List the N largest collectives (text and JSON).")
     search_flag = flags.DEFINE_bool("search", False, "Try meshes, remat and grad_accum; rank.")
     compiles_flag = flags.DEFINE_integer("search_compiles", 4, "--search: at most this many "
@@ -434,6 +451,18 @@ def main_flags():
         if json_flag.value:
             with open(json_flag.value, "w") as f:
                 json.dump(report.json(top_flag.value), f, indent=1)
+        if record_flag.value:
+            from transformer import host
+            from transformer.lab import records
+            from transformer.tools import compile_record
+            records.append(record_flag.value, records.record(
+                {"cpu": host.cpu_line(), "cores": host.usable_cores()},
+                "python -m transformer compile " + " ".join(sys.argv[1:]), [],
+                compile_record.result(report, config, _config_path())))
+        if hlo_flag.value and report.compiled is not None:
+            program.write_hlo(report.compiled, hlo_flag.value)
+        if save_flag.value and report.compiled is not None:
+            program.save(report.compiled, save_flag.value)
         if not report.fits:
             cli.fail(advice(report, config), status=1)
 

@@ -7,14 +7,16 @@ a target and run fastest, chosen by compiling the few that might.
    sizes the mesh can split (sharding.check_fits), with the length axis split over tensor
    (sequence parallelism) where it divides the context, remat none/dots/block and grad_accum
    1, 2, 4, 8 where the micro-batches still split over the batch axes.
-2. Pruned without compiling: the project's own per-chip estimate (the state as the rules
+2. Pruned without compiling (against the memory the device reports): the project's own per-chip estimate (the state as the rules
    split it, a gradient, model/flops.py's activations: tools/compile.py's `estimate`) must be
    within ESTIMATE_SLACK of the chip's HBM; the survivors are ranked by a cheap roofline
    (compute at peak with remat's recompute, model/flops.py, against the bytes each axis moves),
-   those the estimate says fit outright first.
+   those the estimate says fit outright first; each axis's traffic priced on its links
+   (parallel/links.py: one torus axis's ports, NVLink or the NIC between GPU hosts, DCN).
 3. They are compiled for the target in that order until --search_compiles of them fit (libtpu
    refuses one that does not within seconds; at most three times as many tried, 20 minutes);
-   the table ranks those that fit by their roofline step time (the collectives XLA emitted).
+   the table ranks those that fit by their roofline step time (the collectives XLA emitted,
+   each priced on the links its group spans).
 """
 
 from __future__ import annotations
@@ -121,23 +123,29 @@ def _abstract(data, fsdp, tensor):
 
 
 def _guess(c, B, T, cand: Candidate, param_bytes: float, target) -> float:
-    """A roofline before compiling: compute at peak (with remat's recompute), against the
-    bytes a chip moves: fsdp gathers the weights twice and scatters the gradient (each
+    """A roofline before compiling: compute at the peak of the precision that runs (with
+    remat's recompute), against the time a chip's collectives take on the links of each mesh
+    axis (parallel/links.py): fsdp gathers the weights twice and scatters the gradient (each
     pass again per micro-batch), data all-reduces what is left of the gradient, tensor
     all-reduces each block's two outputs forward and backward."""
     from transformer.model import flops
+    from transformer.parallel import links
+    from transformer.train import metrics
     compute = (flops.train_flops_per_token(c) + flops.recompute_flops_per_token(c)) * B * T / (
-        target.chips * target.peak_flops)
+        target.chips * metrics.peak_flops(c.dtype, target.devices[0])[0])
     per_chip = param_bytes / cand.tensor
-    moved = 0.0
+    seconds = 0.0
     if cand.fsdp > 1:
-        moved += 3 * per_chip * cand.grad_accum
+        seconds += 3 * per_chip * cand.grad_accum / links.axis_bandwidth(
+            target, cand.tensor, cand.fsdp)
     if cand.data > 1:
-        moved += 2 * per_chip / cand.fsdp
+        seconds += 2 * per_chip / cand.fsdp / links.axis_bandwidth(
+            target, cand.tensor * cand.fsdp, cand.data)
     if cand.tensor > 1:
         rows = B / (cand.data * cand.fsdp)
-        moved += 4 * 2 * c.n_layers * rows * T * c.d_model * flops.BYTES[c.dtype]
-    return max(compute, moved / target.link_bytes_s), compute
+        seconds += 4 * 2 * c.n_layers * rows * T * c.d_model * flops.BYTES[c.dtype] / \
+            links.axis_bandwidth(target, 1, cand.tensor)
+    return max(compute, seconds), compute
 
 
 def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0,
@@ -146,7 +154,7 @@ def search(config, target, argv, build, compiles: int = 4, minutes: float = 20.0
     `build(config)`: the compiled train step's report (tools/compile.py); `json_path`: where
     the best compiled candidate's report goes (--json), with the overrides that make it."""
     every = candidates(config, target)
-    hbm = target.hbm_bytes
+    hbm = target.memory_bytes
     plausible = [c for c in every if c.estimate <= hbm * ESTIMATE_SLACK]
     print(target.describe())
     print(f"search: {len(every)} candidates the mesh can split; {len(plausible)} within "
