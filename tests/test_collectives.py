@@ -143,6 +143,8 @@ ENTRY %main (a: bf16[16,64], g: f32[64,64], c: pred[], v: f32[8]) -> f32[8] {
   %rs-done = f32[16,64] async-done(%rs-start), calls=%wrapped_reduce_scatter
   %ag2-start = (bf16[16,64], bf16[32,64]) all-gather-start(%a), channel_id=12, replica_groups=[4,2]<=[8], dimensions={0}
   %ag2-done = bf16[32,64] all-gather-done(%ag2-start)
+  %rs2-start = ((f32[64,64], f32[8]), (f32[16,64], f32[2])) reduce-scatter-start(%g, %v), channel_id=13, replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add
+  %rs2-done = (f32[16,64], f32[2]) reduce-scatter-done(%rs2-start)
   ROOT %branch = f32[8] conditional(%c, %v, %v), true_computation=%yes, false_computation=%no
 }
 """
@@ -150,10 +152,11 @@ ENTRY %main (a: bf16[16,64], g: f32[64,64], c: pred[], v: f32[8]) -> f32[8] {
 
 def test_a_split_async_collective_counts_once():
     """Three pieces of channel 7 (start, update, done) are one all-gather of 64x64 bf16; the
-    async-start and -done of a wrapped reduce-scatter one reduce-scatter of its operand."""
+    async-start and -done of a wrapped reduce-scatter one reduce-scatter of its operand; a
+    GPU's reduce-scatter-start ((operands), (results)) one, of its operands."""
     found, ops, _ = read(SPLIT)
     assert found["all-gather"] == {"count": 2, "bytes": 64 * 64 * 2 + 32 * 64 * 2}
-    assert found["reduce-scatter"] == {"count": 1, "bytes": 64 * 64 * 4}
+    assert found["reduce-scatter"] == {"count": 2, "bytes": 64 * 64 * 4 * 2 + 8 * 4}
     gather = next(o for o in ops if o.name == "all-gather.1")
     assert gather.axes == ("fsdp", "tensor") and gather.group == 4
     assert gather.op_name.endswith("mlp/expand/dot_general")
@@ -198,8 +201,8 @@ ENTRY %main (g: f32[64,64]) -> f32[16,64] {
 def test_top_lists_the_largest_first():
     _, ops, _ = read(SPLIT)
     rows = collectives.top(ops, 2)
-    assert [r["kind"] for r in rows] == ["reduce-scatter", "all-gather"]
-    assert rows[0]["total_bytes"] == 64 * 64 * 4
+    assert [r["kind"] for r in rows] == ["reduce-scatter", "reduce-scatter"]
+    assert rows[0]["total_bytes"] == 64 * 64 * 4 + 8 * 4
 
 
 def test_a_transfer_between_slices_is_a_dcn_collective():

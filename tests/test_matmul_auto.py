@@ -11,6 +11,7 @@ from transformer import host
 from transformer.config import ModelConfig, base_config
 from transformer.model.kernels import auto as matmul_auto
 from transformer.model.kernels.auto import decide_cpu
+from transformer.parallel import target as target_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZEN3 = {"sse4_2", "avx", "avx2", "fma"}                       # AVX2 only: bf16 is emulated
@@ -41,19 +42,30 @@ def test_flags_and_isa_cap_are_read():
 
 def test_explicit_mode_wins_and_auto_returns_a_new_config():
     explicit = config_lib.replace(base_config(), **{"model.matmul": "plain"})
-    assert matmul_auto.resolve(explicit) == (explicit, matmul_auto.Choice("plain",
-                                                                          "set in the config"))
+    assert target_lib.resolve_matmul(explicit) == (explicit, matmul_auto.Choice(
+        "plain", "set in the config"))
     auto = base_config()
-    resolved, choice = matmul_auto.resolve(auto)
+    resolved, choice = target_lib.resolve_matmul(auto, "cpu")
     assert auto.model.matmul == "auto" and resolved.model.matmul == choice.mode
-    assert choice == matmul_auto.choose() and choice.mode != "auto"
+    assert choice == target_lib.matmul_choice("cpu") and choice.mode != "auto"
+    assert target_lib.resolve_matmul(auto, "tpu")[1].mode == "plain"
+
+
+def test_the_model_room_reads_no_host():
+    """model/kernels/auto.py decides from facts it is given; parallel/target.py reads them."""
+    import inspect
+    source = inspect.getsource(matmul_auto)
+    assert "transformer.host" not in source and "read_cpuinfo" not in source
+    assert matmul_auto.choose("cpu", ZEN4).mode == "fast_bf16"
+    assert matmul_auto.choose("cpu", ZEN4, "AVX2").mode == "fast_f32"
 
 
 def _choice_in_subprocess(xla_flags):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if xla_flags:
         env["XLA_FLAGS"] = xla_flags
-    code = "from transformer.model.kernels import auto; print(auto.choose().mode)"
+    code = ("from transformer.parallel import target; "
+            "print(target.matmul_choice('cpu').mode)")
     from conftest import fork_run  # XLA_FLAGS goes with the command (auto reads it then)
     out = fork_run("-c", code, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -104,16 +116,16 @@ def test_the_uncapped_choice_agrees_with_the_measured_matmul_rates():
         assert mode == "fast_f32" and bf16 < 1.2 * f32, rates
 
 
-def test_a_config_is_plain_data_and_the_seam_resolves_auto(monkeypatch):
-    """Building a ModelConfig reads nothing of the machine (config/ imports no kernels); the
-    kernel seam resolves a bare `auto` with the same choice the run set-up records."""
+def test_a_config_is_plain_data_and_the_seam_reads_no_machine(monkeypatch):
+    """Building a ModelConfig reads nothing of the machine (config/ imports no kernels); a
+    bare `auto` that reaches the kernel seam unresolved runs `plain` on any machine (the
+    target resolves auto: parallel/target.py)."""
     from transformer.model import kernels
 
     def no_machine():
         raise AssertionError("constructing a config read the machine")
 
-    monkeypatch.setattr(matmul_auto, "choose", no_machine)
+    monkeypatch.setattr(target_lib, "matmul_choice", no_machine)
     assert ModelConfig().matmul == "auto"
     assert ModelConfig.from_config(base_config()).matmul == "auto"
-    monkeypatch.undo()
-    assert kernels.matmul_mode(ModelConfig()) == matmul_auto.choose().mode
+    assert kernels.matmul_mode(ModelConfig()) == "plain"

@@ -13,7 +13,7 @@ from transformer import config as config_lib
 from transformer.config import ModelConfig, base_config
 from transformer.data import tokenizers
 from transformer.model.gpt import init_params, stack_layers
-from transformer.model.kernels import auto
+from transformer.parallel import target as target_lib
 from transformer.tools.visualize import load_run, look_inside, token_labels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def _fake_run(workdir: Path, max_seq_len: int = 32):
     c.model.update(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64,
                    max_seq_len=max_seq_len)
     c.sample.max_new_tokens = 8
-    c, _ = auto.resolve(c)  # a run saves the mode it trained in
+    c, _ = target_lib.resolve_matmul(c)  # a run saves the mode it trained in
     model_config = ModelConfig.from_config(c)
     ckpts = checkpoint.Checkpoints(workdir)
     ckpts.save(1, init_params(model_config, jax.random.key(0)),

@@ -325,7 +325,7 @@ def load_run(workdir, step=None, check=None) -> LoadedRun:
     from transformer.config import ModelConfig
     from transformer.data import tokenizers
     from transformer.model.gpt import init_params
-    from transformer.model.kernels import auto
+    from transformer.parallel import target as target_lib
 
     def model_config_of(meta):
         return ModelConfig.from_config(config_lib.from_dict(meta["config"]))
@@ -353,6 +353,6 @@ def load_run(workdir, step=None, check=None) -> LoadedRun:
     if check is not None:  # the step restored (an older one, when the newest was damaged)
         check(model_config_of(found.meta))
     # The mode the run trained in; a checkpoint saved before modes were resolved says auto.
-    config, _ = auto.resolve(config_lib.from_dict(found.meta["config"]))
+    config, _ = target_lib.resolve_matmul(config_lib.from_dict(found.meta["config"]))
     return LoadedRun(found.step, config, ModelConfig.from_config(config), found.params,
                      tokenizers.from_json(found.meta["tokenizer"]), found.meta)

@@ -96,6 +96,30 @@ class Target:
         return line
 
 
+def matmul_choice(platform: str):
+    """What `model.matmul=auto` means for a program built for `platform`: on a TPU or GPU
+    `plain`; on a CPU (this host: the only CPU a program is built for here) by its flags and
+    the ISA cap in XLA_FLAGS (model/kernels/auto.py decides; this reads the facts)."""
+    from transformer import host as host_facts
+    from transformer.model.kernels import auto
+    if platform != "cpu":
+        return auto.choose(platform)
+    return auto.choose("cpu", host_facts.cpu_flags(host_facts.read_cpuinfo()),
+                       host_facts.max_isa(os.environ.get("XLA_FLAGS")))
+
+
+def resolve_matmul(config, platform: str | None = None):
+    """(config with model.matmul concrete for `platform`, the auto.Choice); default platform:
+    this host's backend. An explicit mode wins."""
+    from transformer.model.kernels import auto
+    if platform is None:
+        import jax
+        platform = jax.default_backend()
+    if config.model.matmul != "auto":
+        return auto.resolve(config, None)
+    return auto.resolve(config, matmul_choice(platform))
+
+
 def host() -> Target:
     """This machine: its own devices, one host per process."""
     import jax

@@ -49,6 +49,7 @@ from transformer.config import ModelConfig
 from transformer.generate import decode
 from transformer.model import flops, kernels
 from transformer.model.gpt import init_params
+from transformer.parallel import target as target_lib
 from transformer.model.kernels import auto as matmul_auto
 from transformer.tools.bench_figures import (
     BenchResult,
@@ -377,7 +378,7 @@ def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchRes
     model_config = ModelConfig.from_config(config)
     tokens_per_step = t.batch_size * model_config.max_seq_len
 
-    auto = dataclasses.asdict(matmul_auto.choose())
+    auto = dataclasses.asdict(target_lib.matmul_choice(jax.default_backend()))
     log(f"model.matmul=auto picks {auto['mode']}: {auto['reason']}")
     log("measuring the matmul peak")
     peak_f32, source_f32 = metrics.peak_flops("float32")

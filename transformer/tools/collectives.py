@@ -185,7 +185,9 @@ def _record(found, comp, inst, kind, runs, in_branch, named, params, mesh_shape,
     size = sum(array_bytes(shape))
     groups = replica_groups(inst.attrs, math.prod(mesh_shape) if mesh_shape else None)
     group = int(groups.shape[1]) if groups is not None else None
-    if kind == "reduce-scatter" and inst.opcode == "reduce-scatter":
+    if inst.opcode == "reduce-scatter-start" and inst.shape.startswith("("):
+        size = sum(array_bytes(_top_level(inst.shape[1:-1])[0]))  # (operands, results): reduced
+    elif kind == "reduce-scatter" and inst.opcode == "reduce-scatter":
         operands = [named[comp].get(o).shape if o in named[comp] else params[comp].get(o)
                     for o in inst.operands]
         if all(operands) and operands:

@@ -39,6 +39,7 @@ from transformer.config import ModelConfig
 from transformer.model import kernels
 from transformer.model.kernels import auto
 from transformer.parallel import processes, sharding
+from transformer.parallel import target as target_lib
 from transformer.train import workdir as workdir_lib
 from transformer.train.optimizer import make_optimizer
 from transformer.train.trainer import Trainer, TrainState, layout
@@ -54,7 +55,7 @@ def concrete(config, platform: str | None = None):
     if derived is not config:  # model.depth set: its sizes, rates, batch and horizon
         config = config_lib.validate(derived)
     check_attention_kernel(config, platform or jax.default_backend())
-    config, choice = auto.resolve(config_lib.replace(config), platform)
+    config, choice = target_lib.resolve_matmul(config_lib.replace(config), platform)
     if config.train.muon_ns_dtype == "auto":
         config = config_lib.replace(config, **{"train.muon_ns_dtype":
                                                kernels.compute_dtype(config.model)})

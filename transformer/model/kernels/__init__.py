@@ -55,9 +55,10 @@ class Kernels:
 
 
 def matmul_mode(config) -> str:
-    """The concrete mode of a ModelConfig. The run and sampler set-up resolve `auto` and record
-    it (auto.resolve); a config built directly with `auto` runs what auto picks here."""
-    return auto.choose().mode if config.matmul == "auto" else config.matmul
+    """The concrete mode of a ModelConfig. The run and sampler set-up resolve `auto` for their
+    target and record it (parallel/target.py's resolve_matmul); a config that reaches the
+    model unresolved runs `plain`, whatever machine builds it: the model reads no host."""
+    return "plain" if config.matmul == "auto" else config.matmul
 
 
 def for_model(config) -> Kernels:

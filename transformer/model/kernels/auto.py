@@ -1,8 +1,11 @@
-"""What `model.matmul = "auto"` means on this machine, and why.
+"""What `model.matmul = "auto"` means for a program's target, and why: a pure decision from the
+target's facts, which this module never reads (parallel/target.py reads them: the target knows
+when it is this CPU, and what its flags are).
 
-    choice = matmul_auto.choose()            # Choice(mode="fast_bf16", reason="...")
-    config, choice = matmul_auto.resolve(config)   # a new config with a concrete mode
-    config, choice = matmul_auto.resolve(config, "tpu")   # for a TPU program: plain
+    choice = matmul_auto.choose("cpu", {"avx512_bf16", ...}, isa_cap=None)  # Choice("fast_bf16", ...)
+    choice = matmul_auto.choose("tpu")                                      # plain
+    config, choice = matmul_auto.resolve(config, choice)    # a new config with a concrete mode
+    config, choice = target.resolve_matmul(config, "cpu")   # the same, this host's facts read
 
 The run set-up (train.py via training.train, sample.py, the bench) resolves `auto` once, prints
 the choice and its reason, and saves the resolved mode with the run; an explicit
@@ -30,11 +33,6 @@ target's (the mesh's devices), never assumed from the host: a TPU program compil
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
-
-from transformer.host import cpu_flags, max_isa  # host.py reads the machine; this decides
-from transformer.host import read_cpuinfo as _read_cpuinfo
 
 # XLA's --xla_cpu_max_isa values for x86, oldest first (ARM's NEON/SVE never run bf16 here).
 ISA_ORDER = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX",
@@ -62,31 +60,24 @@ def decide_cpu(flags: set[str], cap: str | None) -> Choice:
                               "would be slower than float32")
 
 
-def choose(platform: str | None = None) -> Choice:
+def choose(platform: str, cpu_flags: set[str] | frozenset = frozenset(),
+           isa_cap: str | None = None) -> Choice:
     """What auto means for a program built for `platform` (cpu, gpu, tpu: the mesh's
-    devices); None: this host's default backend, with this CPU and today's XLA_FLAGS."""
-    if platform is None:
-        import jax
-        platform = jax.default_backend()
-    return _choose(platform)
-
-
-@functools.cache
-def _choose(platform: str) -> Choice:
+    devices), given the target CPU's flags and XLA's ISA cap (parallel/target.py's
+    matmul_choice reads them from this host, the only CPU a program is built for)."""
     if platform != "cpu":
         return Choice("plain", f"{platform}: XLA's own backward is fast there")
-    return decide_cpu(cpu_flags(_read_cpuinfo()), max_isa(os.environ.get("XLA_FLAGS")))
+    return decide_cpu(set(cpu_flags), isa_cap)
 
 
-def resolve(config, platform: str | None = None):
-    """(a copy of config with model.matmul concrete, the Choice), for a program built for
-    `platform` (default: this host's backend). An explicit mode wins."""
+def resolve(config, choice: Choice):
+    """(a copy of config with model.matmul concrete, the Choice): `choice` for `auto`; an
+    explicit mode wins."""
     from transformer import config as config_lib
 
     mode = config.model.matmul
     if mode != "auto":
         return config, Choice(mode, "set in the config")
-    choice = choose(platform)
     return config_lib.replace(config, **{"model.matmul": choice.mode}), choice
 
 
