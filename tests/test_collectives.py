@@ -180,6 +180,14 @@ def test_replica_groups_in_each_form_and_the_axes_they_span():
     assert named.tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert collectives.spanned(named, MESH, AXES) == ("data", "tensor")
     assert collectives.replica_groups("replica_groups={}", 8).shape == (1, 8)
+    # GPU hosts: mesh positions mapped to devices by a transposed iota (fsdp 8 x data 2 on
+    # two 8-GPU hosts): a group along axis_2 stays inside one host
+    hosts = collectives.replica_groups("replica_groups=mesh['axis_0'=1,'axis_1'=1,'axis_2'=8,"
+                                       "'axis_3'=2], device_ids=([2,8]T(1,0)) {'axis_2'}")
+    assert hosts.tolist() == [list(range(8)), list(range(8, 16))]
+    across = collectives.replica_groups("replica_groups=mesh['axis_0'=8,'axis_1'=2], "
+                                        "device_ids=([2,8]T(1,0)) {'axis_1'}")
+    assert across.tolist()[0] == [0, 8]
     assert collectives.spanned(np.array([[0, 1]]), MESH, AXES) == ("tensor",)
 
 

@@ -253,14 +253,16 @@ def replica_groups(attrs: str, devices: int | None = None):
     """The replica groups as a [G, S] array of device ids, or None when not readable. Forms:
     mesh['axis_0'=4,'axis_1'=2] {'axis_0'}; [G,S]<=[dims]T(perm); {{0,1},{2,3}}; {} (all);
     a collective-permute's source_target_pairs."""
-    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*(?:,\s*device_ids=(\S+)\s*)?"
+                      r"\{([^}]*)\}", attrs)
     if named:
         sizes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", named.group(1))]
-        grouped = re.findall(r"'(\w+)'", named.group(2))
+        grouped = re.findall(r"'(\w+)'", named.group(3))
         names = [a for a, _ in sizes]
-        if not sizes or any(a not in names for a in grouped):
+        ids = _device_ids(named.group(2), math.prod(n for _, n in sizes))
+        if not sizes or ids is None or any(a not in names for a in grouped):
             return None
-        ids = np.arange(math.prod(n for _, n in sizes)).reshape([n for _, n in sizes])
+        ids = ids.reshape([n for _, n in sizes])
         order = [i for i, a in enumerate(names) if a not in grouped] + \
                 [names.index(a) for a in grouped]
         size = math.prod(dict(sizes)[a] for a in grouped)
@@ -281,6 +283,24 @@ def replica_groups(attrs: str, devices: int | None = None):
         return None
     if re.search(r"replica_groups=\{\}", attrs) and devices:
         return np.arange(devices).reshape(1, devices)
+    return None
+
+
+def _device_ids(text: str | None, n: int):
+    """The device of each mesh position: `([2,8]T(1,0))` (an iota reshaped and transposed),
+    `[3,1,0,2]` (listed), or none given (in order); None if not readable."""
+    if not text:
+        return np.arange(n)
+    iota = re.fullmatch(r"\(?\[([\d,]+)\](?:T\(([\d,]+)\))?\)?", text)
+    if iota:
+        dims = [int(d) for d in iota.group(1).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota.group(2):
+            ids = ids.transpose([int(p) for p in iota.group(2).split(",")])
+        return ids.reshape(-1) if ids.size == n else None
+    listed = re.fullmatch(r"[\[{(]?([\d,]+)[\]})]?", text)
+    if listed and len(listed.group(1).split(",")) == n:
+        return np.array([int(x) for x in listed.group(1).split(",")])
     return None
 
 
