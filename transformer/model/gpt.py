@@ -130,6 +130,10 @@ class CausalSelfAttention(nn.Module):
         if c.position == "rope":  # rotate by absolute position: scores see only p - s
             q_BHTK = rope.apply(q_BHTK, positions_BT)
             k_BGTK = rope.apply(k_BGTK, positions_BT)
+        # Heads split, positions whole (as in the MLP): attention never reshards by position.
+        q_BHTK = nn.with_logical_constraint(q_BHTK, ("batch", "heads", None, "head_dim"))
+        k_BGTK, v_BGTK = (nn.with_logical_constraint(x, ("batch", kv_axis, None, "head_dim"))
+                          for x in (k_BGTK, v_BGTK))
         for name, value in (("queries", q_BHTK), ("keys", k_BGTK), ("values", v_BGTK)):
             self.sow("intermediates", name, value)
 
@@ -171,7 +175,10 @@ class MLP(nn.Module):
                                                        ("embed", "mlp")),
                                   bias_init=_logical(nn.initializers.zeros, ("mlp",)))
         h_BTF = dense(name="expand")(x_BTD)
-        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp"))
+        # Inside the block the length axis is whole and the hidden units are split (under
+        # sequence parallelism only the residual stream is split by position, Megatron-SP):
+        # split by position here, the MLP's weights were gathered on every chip instead.
+        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", None, "mlp"))
         if c.mlp == "swiglu":
             h_BTF = jax.nn.silu(dense(name="gate")(x_BTD)) * h_BTF
         elif c.mlp == "relu":
