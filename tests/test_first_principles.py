@@ -14,9 +14,10 @@ calls bytes): an all-gather's and all-reduce's result, a reduce-scatter's operan
 
 First principles, per chip per step, P parameters, W the matmul weights (flops.matmul_weights),
 L layers, A = B·T·D activation elements:
-- data: the gradient all-reduced, P elements in the dtype the backward computes it in (the
-  model's dtype: XLA reduces a bfloat16 model's gradient before casting it to the float32
-  parameters);
+- data: the gradient all-reduced once: the matmul weights' in the dtype the backward
+  computes them in (the model's dtype: XLA reduces a bfloat16 model's gradient before casting
+  it to the float32 parameters), the rest (the token embedding's, from its lookup's
+  scatter-add, and the norms') in float32;
 - fsdp: every matmul weight gathered twice (forward, and again for the backward or remat's
   recomputed forward), 2W elements in the dtype the matmuls read (bfloat16 on a TPU at
   default precision, where XLA casts a float32 weight before gathering it; the model dtype on a
@@ -84,7 +85,7 @@ def expected(model: str, mesh: str, tpu: bool) -> dict:
     A = config.train.batch_size * c.max_seq_len * c.d_model
     L, remat = c.n_layers, c.remat == "block"
     if mesh == "data":
-        return {"all-reduce": P * act}
+        return {"all-reduce": W * act + (P - W) * 4}
     if mesh == "fsdp":
         return {"all-gather": 2 * W * (2 if tpu else act), "reduce-scatter": P * act}
     if mesh == "tensor":
@@ -102,9 +103,18 @@ def measured(found: dict) -> dict:
     return out
 
 
-def check(found: dict, want: dict):
+# libtpu's windowed reduce-scatter of a weight's gradient runs both ways round the ring: on a
+# ring of 4 it sends 5 shards (3 one way, 2 the other; --top shows the pairs) where a ring
+# needs 3. Measured 1.54x for GPT-2 small on 4 v5e chips (some weights go one way only).
+WINDOWED_RS = 5 / 3
+
+
+def check(found: dict, want: dict, tpu: bool = False):
     got = measured(found)
     for kind, bytes_ in want.items():
+        if tpu and kind == "reduce-scatter" and found["permute_bytes_by_dtype"].get("f32"):
+            assert 1 - TOLERANCE <= got[kind] / bytes_ <= WINDOWED_RS * 1.05, (kind, got[kind])
+            continue
         assert abs(got[kind] / bytes_ - 1) <= TOLERANCE, (kind, got[kind], bytes_, found["top"])
     big = max(want.values())
     for kind, bytes_ in got.items():  # nothing else of any size
@@ -119,7 +129,8 @@ CASES = [(model, mesh) for model in MODELS for mesh in MESHES]
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
 @pytest.mark.parametrize("model,mesh", CASES)
 def test_tpu_collectives_match_first_principles(model, mesh, tmp_path):
-    check(compile_case(model, "v5p:2x2x1", mesh, tmp_path), expected(model, mesh, tpu=True))
+    check(compile_case(model, "v5p:2x2x1", mesh, tmp_path), expected(model, mesh, tpu=True),
+          tpu=True)
 
 
 @pytest.mark.gpu_compile

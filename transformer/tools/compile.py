@@ -10,12 +10,16 @@ The train step is the run's own (train/trainer.py's Trainer over a mesh of the t
 devices, parallel/target.py), lowered with ShapeDtypeStructs carrying the state's and batch's
 shardings and compiled by the target's compiler (libtpu, or the CUDA plugin): nothing is
 allocated. It prints the target; the mesh and how each parameter is laid out; per chip XLA's
-peak memory against HBM (fits, or short by how much) beside the project's own estimate
-(model/sizes.py's figures); per step the FLOPs of model/flops.py (XLA's cost_analysis counts a
-scanned layer once), every collective by kind with its count and bytes (read from the
-compiled HLO, loops counted by their trip counts); a roofline step time, the larger of
-compute at peak and collective bytes at the interconnect's bandwidth, and the MFU it implies,
-an upper bound; and the compile's seconds.
+peak memory against what the device reports (libtpu's usable HBM, CUDA's, and on a GPU JAX's
+75% preallocation) beside the project's own estimate (model/sizes.py's figures); per step the
+FLOPs of model/flops.py (XLA's cost_analysis counts a scanned layer once); every collective
+counted once per run (tools/collectives.py), the largest with the mesh axes they span
+(--top), each priced on the links its group crosses (parallel/links.py: torus ports, NVLink,
+the network between GPU hosts, DCN between TPU slices); a roofline step time, the larger of
+compute at the peak of the precision that runs and the collectives on their links, and the
+MFU it implies, an upper bound; the compile's seconds and the program's fingerprint
+(tools/program.py). --hlo, --save, --json and --record write the program, the executable,
+the figures and a dated record (tools/compile_record.py). Several TPU slices: v5p:8x8x8*2.
 
 Exit status: 0 fits; 1 does not fit (one line: by how much, what to try); 2 bad input
 (a malformed --target, a missing libtpu or CUDA plugin, a mesh that does not divide the chips).
