@@ -46,11 +46,9 @@ def check(target: str, tmp_path, conditions: dict, python=sys.executable) -> dic
     prints = {name: b["fingerprint"] for name, b in built.items()}
     assert len(set(prints.values())) == 1, prints
     planted = {name: build(target, tmp_path, conditions[name][0], conditions[name][1] +
-                           ["--plant"], python) for name in ("an AVX2-only CPU", "an AMX CPU")}
+                           ["--plant"], python) for name in ("as is", "8 simulated host devices")}
     # the planted host read changes the program with the host, and the check sees it
-    assert planted["an AVX2-only CPU"]["matmul"] == "fast_f32"
-    assert planted["an AMX CPU"]["matmul"] == "fast_bf16"
-    assert planted["an AVX2-only CPU"]["fingerprint"] != planted["an AMX CPU"]["fingerprint"]
+    assert planted["as is"]["fingerprint"] != planted["8 simulated host devices"]["fingerprint"]
     return next(iter(built.values()))
 
 
