@@ -4,11 +4,11 @@
 
 Writes the program's fingerprint (tools/program.py: the optimised HLO, metadata stripped)
 and the stripped text. --cpu replaces what this host's /proc/cpuinfo says (host.read_cpuinfo)
-with an AVX2-only or an AMX CPU; --plant decides remat by the building host's devices (one
-more simulated device, and the program changes), as a program built for the host would: the
-failure the test must catch. (`model.matmul=auto` resolved by the host's CPU was tried first
-and changed nothing on a TPU: XLA runs both fast modes' float32 and bfloat16 dots as the
-same bfloat16 passes there.)
+with an AVX2-only or an AMX CPU; --plant decides the activations' dtype by the building
+host's devices (more simulated devices, and the program changes), as a program built for the
+host would: the failure the test must catch. (`model.matmul=auto` resolved by the host's CPU
+was tried first and changed nothing on a TPU: XLA runs both fast modes' float32 and bfloat16
+dots as the same bfloat16 passes there; remat chosen that way changed nothing either.)
 """
 
 import json
@@ -35,8 +35,8 @@ def main(target_name: str, out: str, args: list[str]) -> None:
     config.mesh.update(data=1, fsdp=target.chips, tensor=1)
     config = compile_tool.resolved_config(validate(config), target)
     if "--plant" in args:  # a host read: the building machine's devices decide the program
-        config = replace(config, **{"model.remat": "block" if len(jax.devices()) > 1
-                                    else "none"})
+        config = replace(config, **{"model.dtype": "bfloat16" if len(jax.devices()) > 1
+                                    else config.model.dtype})
     report, _ = compile_tool.compile_train(config, target)
     with open(out, "w") as f:
         json.dump({"fingerprint": report.fingerprint, "text": program.stripped(report.hlo),
