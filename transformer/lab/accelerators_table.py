@@ -22,14 +22,15 @@ def table(records: list[dict]) -> str:
             continue
         slow = next((k[:-3] for k in ("dcn_ms", "network_ms") if k in r), None)
         fast = sum(r.get(f"{k}_ms", 0) for k in ("ici", "nvlink"))
-        comm = f"{fast:.4g} ms" + (f" + {r[slow + '_ms']:.4g} ms on {slow} "
-                                   f"({r[slow + '_gib']:.3g} GiB)" if slow else "")
+        comm = (f"{fast:.4g} ms" if r["fits"] else "-") + (f" + {r[slow + '_ms']:.4g} ms on {slow} "
+                                   f"({r[slow + '_gib']:.3g} GiB)" if slow and r["fits"] else "")
         model = re.sub(r"^configs/|\.py$", "", r["config"])
         rows.append(f"| {model} ({r['dtype']}) | `{r['target']}` ({r['chips']:,}) | "
                     f"{'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} / {r['usable_gib']:.2f}"
                     f" GiB | {r['mesh_dxfxt']}, {r['remat']}, {r['grad_accum']} | "
                     f"{r['compute_ms']:.4g} ms at {r['peak_tflops']:g} TF/s | {comm} | "
-                    f"{r['predicted_step_ms']:.4g} ms | {r['predicted_mfu_pct']}% |")
+                    + (f"{r['predicted_step_ms']:.4g} ms | {r['predicted_mfu_pct']}% |"
+                       if r["fits"] else "- | - |"))
     return "\n".join(rows)
 
 
