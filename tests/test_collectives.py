@@ -229,3 +229,16 @@ ENTRY %main (g: f32[6,8,128]) -> f32[6,8,128] {
     found, ops, _ = read(hlo)
     assert found["all-reduce"] == {"count": 1, "bytes": 6 * 8 * 128 * 4}
     assert ops[0].network == "dcn"
+
+
+def test_a_fingerprint_covers_the_computations_not_the_source_tables():
+    """TPU HLO prints its source-location tables before the computations: stripping them must
+    keep every instruction (a fingerprint of the header alone matched any two programs)."""
+    from transformer.tools import program
+    head = 'HloModule m\n\nFileNames\n1 "/a.py"\n\nStackFrames\n1 {file_location_id=1}\n\n'
+    one = head + "ENTRY %e {\n  ROOT %x = f32[] constant(1), metadata={op_name=\"a\"}\n}\n"
+    two = one.replace("constant(1)", "constant(2)")
+    moved = one.replace('op_name=\\"a\\"', 'op_name=\\"b\\"').replace("/a.py", "/b.py")
+    assert program.fingerprint(one) != program.fingerprint(two)
+    assert program.fingerprint(one) == program.fingerprint(moved)
+    assert "constant(1)" in program.stripped(one) and "op_name" not in program.stripped(one)

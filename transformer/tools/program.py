@@ -20,6 +20,7 @@ import re
 
 _METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
 _FRAMES = re.compile(r",?\s*stack_frame_id=\d+")
+_TABLES = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
 # Plugins whose version decides what a program becomes (the compiler comes with them).
 PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax")
 
@@ -27,12 +28,14 @@ PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "
 def stripped(hlo: str) -> str:
     """The optimised HLO without what only says where ops came from (op names, source files
     and lines, stack frames): two builds of one program give the same text."""
-    lines = []
+    lines, table = [], False
     for line in hlo.splitlines():
-        if line.startswith("FileNames") or line.startswith("FunctionNames") or \
-                line.startswith("FileLocations") or line.startswith("StackFrames"):
-            break  # the tables of source locations printed after the computations
-        lines.append(_FRAMES.sub("", _METADATA.sub("", line)))
+        if line.strip() in _TABLES:  # source-location tables (TPU: before the computations)
+            table = True
+        elif table and not line.strip():
+            table = False
+        elif not table:
+            lines.append(_FRAMES.sub("", _METADATA.sub("", line)))
     return "\n".join(lines)
 
 
