@@ -278,3 +278,18 @@ def test_approach3_is_trusted_only_when_it_fits():
     p = isoflop.optimum(fits, 1e21)
     assert p["source"] == "Approach 2"
     assert p["N"] == pytest.approx(chinchilla.approach2_optimum(fits["a2"], 1e21)[0])
+
+
+def test_the_published_sweep_refits_as_its_record_says():
+    """The refit of cpu_isoflop.py's 29 recorded members (transformer/lab/isoflop_refit.py)
+    gives the exponents its record in docs/records/scaling.jsonl holds, on every N."""
+    import json
+
+    from transformer.lab import isoflop_refit
+    recorded = [json.loads(line)["result"] for line in isoflop_refit.RECORDS.read_text()
+                .splitlines() if "isoflop_refit scaling/cpu_isoflop.py" in line][-1]
+    _, figures = isoflop_refit.refit("scaling/cpu_isoflop.py", 0.01, n_boot=2)
+    for key in ("runs", "a", "b", "a_plus_b", "a_non_embedding", "a_plus_b_non_embedding",
+                "a_total", "tokens_per_param_opt", "approach3_rmse", "approach3_budget_means"):
+        assert figures[key] == recorded[key], key
+    assert recorded["approach3_fits"].startswith("no: ")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -96,7 +97,8 @@ def main(argv=None) -> None:
         command = (f"python -m transformer.lab.isoflop_refit {args.sweep} --seed_noise="
                    f"{args.seed_noise} --bootstrap={args.bootstrap} --record")
         records.append(RECORDS, records.record(
-            {"cpu": platform.processor() or platform.machine(), "cores": 2}, command, [0],
+            {"cpu": f"any ({platform.machine()}): no training, a refit of recorded losses",
+             "cores": os.cpu_count()}, command, [0],
             figures, note="refit of the recorded members, no training: N as the FLOP count "
             "counts it (compute-equivalent C/(6D)); the other counts as columns"))
 
