@@ -2,6 +2,8 @@
 
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01 --record
+    python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py scaling/cpu_isoflop_rules.py \
+        --plot=docs/scaling_optima.png
 
 Each member record of docs/records/scaling.jsonl whose command names the sweep file holds the
 member's name and final val loss; the sweep file rebuilds the member (sweep.members), so its
@@ -83,18 +85,65 @@ def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple
     return lines, figures
 
 
+def plot_optima(sweep_files, out, seed_noise=None) -> Path:
+    """N_opt and D_opt against C (Approach 2's minima and power laws) for each sweep's records:
+    the first sweep's N counted both ways (non-embedding, as published; compute-equivalent, as
+    refitted), every later sweep's compute-equivalent; Chinchilla's C^0.5 drawn for reference."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (ax_n, ax_d) = plt.subplots(1, 2, figsize=(11, 4.3))
+    styles = iter(["C0", "C1", "C2", "C3", "C4"])
+    anchor = None
+    for i, sweep_file in enumerate(sweep_files):
+        runs = isoflop.runs_of(rows_from_records(sweep_file)[0])
+        axes = [("non-embedding N (as published)", "N_non_embedding")] if i == 0 else []
+        for label, key in axes + [("compute-equivalent N = C/(6D)", "N")]:
+            f = chinchilla.approach2([dict(r, N=r[key]) for r in runs])
+            C = np.array(f["fitted"], float)
+            grid = np.geomspace(C.min() / 2, C.max() * 2, 20)
+            color = next(styles)
+            name = f"{Path(sweep_file).stem}, {label}"
+            ax_n.plot(C, [f["budgets"][c]["N_opt"] for c in C], "o", color=color)
+            ax_n.plot(grid, f["kN"] * grid ** f["a"], "-", color=color,
+                      label=f"{name}: C^{f['a']:.2f}")
+            if key == "N":
+                ax_d.plot(C, [f["budgets"][c]["D_opt"] for c in C], "o", color=color)
+                ax_d.plot(grid, f["kD"] * grid ** f["b"], "-", color=color,
+                          label=f"{Path(sweep_file).stem}: C^{f['b']:.2f}")
+                anchor = anchor or (grid, f["kN"] * grid ** f["a"], f["kD"] * grid ** f["b"])
+    grid, n_line, d_line = anchor
+    mid = len(grid) // 2
+    for ax, line in ((ax_n, n_line), (ax_d, d_line)):
+        ax.plot(grid, line[mid] * (grid / grid[mid]) ** 0.5, "k:", label="Chinchilla: C^0.5")
+        ax.set(xscale="log", yscale="log", xlabel="training compute C (FLOPs)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    ax_n.set(ylabel="compute-optimal N", title="N_opt against C (Approach 2)")
+    ax_d.set(ylabel="compute-optimal D (tokens)", title="D_opt against C (Approach 2)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep")
+    parser.add_argument("sweep", nargs="+", help="sweep files, relative to configs/")
     parser.add_argument("--seed_noise", type=float, default=None)
     parser.add_argument("--bootstrap", type=int, default=100)
-    parser.add_argument("--record", action="store_true")
+    parser.add_argument("--record", action="store_true", help="append the first sweep's refit")
+    parser.add_argument("--plot", default=None, help="PNG of N_opt and D_opt against C")
     args = parser.parse_args(argv)
-    lines, figures = refit(args.sweep, args.seed_noise, args.bootstrap)
+    if args.plot:
+        print(f"wrote {plot_optima(args.sweep, args.plot)}")
+        return
+    lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap)
     print("\n".join(lines))
     if args.record:
         from transformer.lab import records
-        command = (f"python -m transformer.lab.isoflop_refit {args.sweep} --seed_noise="
+        command = (f"python -m transformer.lab.isoflop_refit {args.sweep[0]} --seed_noise="
                    f"{args.seed_noise} --bootstrap={args.bootstrap} --record")
         records.append(RECORDS, records.record(
             {"cpu": f"any ({platform.machine()}): no training, a refit of recorded losses",
