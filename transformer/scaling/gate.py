@@ -11,7 +11,8 @@ So Approach 3 is trusted only when none of these holds (each, when it does, is a
 1. its rmse (loss minus fit, nats) exceeds 3 × the recipe's seed noise (sweep.seed_noise: the
    standard deviation of one run's final val loss over seeds); not judged when unknown;
 2. a budget of 3 or more runs has residuals that all share one sign, and their mean exceeds
-   the seed noise (a sign pattern of noise-sized residuals is noise itself);
+   the seed noise (a sign pattern of noise-sized residuals is noise itself; 0.001 nats, a
+   tenth of this project's CPU seed noise, when the noise is unknown);
 3. fitted without the largest budget, fewer than 80% of that budget's runs fall inside their
    95% bootstrap intervals (`--holdout=largest`; not judged without it).
 
@@ -29,6 +30,7 @@ import numpy as np
 from transformer.scaling import chinchilla
 
 RMSE_TIMES_NOISE = 3.0
+MIN_OFFSET = 1e-3  # nats: a budget offset below this is numerical, whatever the seed noise
 HOLDOUT_INSIDE = 0.8
 
 
@@ -62,7 +64,7 @@ def judge(runs, a3: dict | None, seed_noise: float | None = None,
         reasons.append(f"its rmse, {rmse:.4f} nats, is more than {RMSE_TIMES_NOISE:g}x the "
                        f"recipe's seed noise ({seed_noise:.4f})")
     offset = [(b, m) for b, (m, _, one) in budgets.items()
-              if one and abs(m) > (seed_noise or 0.0)]
+              if one and abs(m) > max(seed_noise or 0.0, MIN_OFFSET)]
     if offset:
         reasons.append("every residual of budget " + ", ".join(
             f"{b:.2g} (mean {m:+.4f})" for b, m in offset) + " has one sign: offsets by "
