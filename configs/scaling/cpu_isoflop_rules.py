@@ -1,16 +1,12 @@
-"""IsoFLOP curves for the quick start's recipe (its block and Muon, configs/default.py) with
-every member at its own settings: batch, each group's rate, weight decay and warm-up from
-transformer/scaling/rules.py, fed the member's width and its real tokens (the quick start,
-d128 on 1.8M tokens, is the reference). 4 layers, widths 8..128, 5 budgets over 100x
-(6e10..6e12 FLOPs). A budget trains the sizes whose tokens per compute-equivalent parameter
-C/(6D) fall in WINDOW: 27 runs, about 25 minutes on 2 idle cores.
+"""IsoFLOP curves for the quick start's recipe (its block and Muon) with every member at its own
+batch, rates, weight decay and warm-up (transformer/scaling/rules.py, fed its width and real
+tokens; the quick start is the reference). 4 layers, widths 8..128, 5 budgets over 100x
+(6e10..6e12 FLOPs), each keeping the sizes whose tokens per compute-equivalent parameter
+C/(6D) fall in WINDOW: 27 runs. cpu_isoflop.py is the same ladder on fixed settings.
 
     python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules
     python -m transformer scaling --workdir=runs/isoflop_rules --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop_rules --verify --seeds=2
-
-configs/scaling/cpu_isoflop.py is the same ladder on the base's fixed settings (the sweep
-published on 2026-12-06, refitted in docs/scaling.md).
 """
 
 from transformer.config.files import quick_start

@@ -1,16 +1,12 @@
-"""Do the member rules hold where they are most stretched? A multiplier x0.5 / x1 / x2 on both
-learning rates (Muon's and AdamW's) at the two corners of configs/scaling/cpu_isoflop_rules.py:
-its smallest member of its smallest budget (d8 at 6e10 FLOPs) and its largest member of its
-largest budget (d128 at 6e12), with the rules (scaling/rules.py) and without them (the base's
-fixed batch, rates, decay and 20-step warm-up, as configs/scaling/cpu_isoflop.py). Under the
-rules x1 should be best within the seed noise.
+"""Do the member rules hold where most stretched? Both learning rates x0.5 / x1 / x2 at the two
+corners of cpu_isoflop_rules.py (d8 at 6e10 FLOPs, d128 at 6e12), with the rules
+(scaling/rules.py) or fixed (the base's batch, rates, decay, 20-step warm-up, as
+cpu_isoflop.py). The argument picks the corner and the settings; `,seeds=3` adds seeds.
 
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:small,rules --workdir=runs/rate_small_rules
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:small,fixed --workdir=runs/rate_small_fixed
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:large,rules --workdir=runs/rate_large_rules
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:large,fixed --workdir=runs/rate_large_fixed
-
-Append `,seeds=3` for three seeds a multiplier (one by default: 6 runs a corner).
 """
 
 from transformer.config.files import quick_start
