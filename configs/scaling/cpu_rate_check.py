@@ -1,7 +1,7 @@
-"""Do the member rules hold where most stretched? Both learning rates x0.5 / x1 / x2 at the two
-corners of cpu_isoflop_rules.py (d8 at 6e10 FLOPs, d128 at 6e12), with the rules
-(scaling/rules.py) or fixed (the base's batch, rates, decay, 20-step warm-up, as
-cpu_isoflop.py). The argument picks the corner and the settings; `,seeds=3` adds seeds.
+"""Do the member rules hold where most stretched? Both learning rates x0.5 / x1 / x2 on a small
+member of a small budget of cpu_isoflop_rules.py (d8 at 6e10 FLOPs, its corner) and a large
+one of a large budget (d96 at 2e12), with the rules (scaling/rules.py) or fixed (the base's
+batch, rates, decay, 20-step warm-up, as cpu_isoflop.py). `,seeds=3` adds seeds.
 
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:small,rules --workdir=runs/rate_small_rules
     python -m transformer scaling --sweep=configs/scaling/cpu_rate_check.py:small,fixed --workdir=runs/rate_small_fixed
@@ -12,7 +12,7 @@ cpu_isoflop.py). The argument picks the corner and the settings; `,seeds=3` adds
 from transformer.config.files import quick_start
 from transformer.scaling.sweep import sweep_config
 
-CORNERS = {"small": (8, 6e10), "large": (128, 6e12)}  # (width, budget)
+CORNERS = {"small": (8, 6e10), "large": (96, 2e12)}  # (width, budget)
 MULTIPLIERS = (0.5, 1.0, 2.0)
 
 
