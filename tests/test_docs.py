@@ -101,7 +101,8 @@ def test_documented_command_names_real_programs_flags_fields_and_files(page, cmd
             assert name in known or name.removeprefix("no") in known, \
                 f"{page}: {cmd}: {program} has no flag --{name}"
         value = arg.split("=", 1)[1] if "=" in arg else ""
-        if value.startswith("configs/"):
+        if value.startswith("configs/"):  # FILE.py:ARG passes ARG to get_config (ml_collections)
+            value = value.split(":", 1)[0]
             assert (ROOT / value).exists(), f"{page}: {cmd}: {value} does not exist"
 
 

@@ -119,8 +119,8 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder(config):
     """A planted sweep whose cost is the real one: every member of a CPU IsoFLOP config (the
     quick start's block: 4 layers, widths 12..192, BPE 2,048, an untied head, members kept by
     a tokens-per-parameter window; GPT-2's: 2 layers, widths 8..96, BPE 1,024), each trained on
-    the tokens the sweep gives it, with losses from a known L(N, D) (the GPT-2 sweep's fitted
-    constants). At 100x the largest budget the prediction equals a brute-force minimisation of
+    the tokens the sweep gives it, with losses from a known L(N, D) in compute-equivalent N
+    (the GPT-2 sweep's fitted constants). At 100x the largest budget the prediction equals a brute-force minimisation of
     the true law over every width of the ladder, with D = C / (its counted training FLOPs per
     token), to 1%. (The old cost, F = k·N^p fitted to the runs, put N_opt 2.7x too high.)"""
     import importlib.util
@@ -142,7 +142,7 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder(config):
     runs = []
     for m in scaling.members(sweep):
         model = model_config_of(m.config)
-        N, D = flops.param_counts(model)["non_embedding"], m.tokens
+        N, D = flops.train_flops_per_token(model) / 6, m.tokens  # compute-equivalent N
         runs.append(dict(C=flops.train_flops_per_token(model) * D, budget=m.value, N=N, D=D,
                          loss=float(chinchilla.loss_nd(truth, N, D)), name=m.name))
     fits = isoflop.fit_all(runs, n_boot=0, sweep=json.loads(sweep.to_json()))
@@ -156,7 +156,7 @@ def test_prediction_uses_the_real_flop_count_of_the_ladder(config):
         base.model.update(n_layers=first["n_layers"], d_model=width, n_heads=1,
                           d_ff=first["d_ff"] // first["d_model"] * width)
         model = model_config_of(base)
-        N = flops.param_counts(model)["non_embedding"]
+        N = flops.train_flops_per_token(model) / 6
         D = C / flops.train_flops_per_token(model)
         L = float(chinchilla.loss_nd(truth, N, D))
         if best is None or L < best[2]:
@@ -178,7 +178,8 @@ def test_a_budget_with_too_few_finished_sizes_is_not_called_a_budget_without_a_v
     for r in runs:
         r["name"] = "run"
     fits = isoflop.fit_all(runs, n_boot=0)
-    [row] = [line for line in isoflop.describe(fits) if line.startswith("| 1e+20")]
+    [row] = [line for line in isoflop.describe(fits)  # Approach 2's table: 6 columns
+             if line.startswith("| 1e+20") and line.count("|") == 7]
     assert "no valley" not in row and "fewer than 3 sizes" in row, row
     assert len(fits["a2"]["fitted"]) == 3
 
@@ -216,3 +217,79 @@ def test_the_report_names_what_it_leaves_out_and_uses_one_sign_convention():
         if line.startswith("| held"):
             error_pct, error_hw = (float(x) for x in line.strip("| ").split(" | ")[-2:])
             assert error_pct < 0 and error_hw < 0  # predicted lower than actual: both negative
+
+
+def _mixed_axis_runs():
+    """A sweep planted on compute-equivalent parameters (C = 6·N·D exactly), each run also
+    carrying a non-embedding count that leaves out a head growing as √N: 30% of N at the
+    smallest budget's optimum, a few % at the largest, as the 2,048-row head is of
+    cpu_isoflop.py's widths."""
+    k = 0.3 * math.sqrt(_true_optimum(BUDGETS[0])[0])
+    return [dict(r, N_non_embedding=r["N"] - k * math.sqrt(r["N"]), N_total=r["N"] * 1.1,
+                 budget=r["C"], name="run") for r in _isoflop_runs(BUDGETS, per_budget=9)]
+
+
+def test_a_mixed_n_axis_makes_a_plus_b_drift_and_the_warning_fire():
+    """Fitted on the N the FLOP count counts, a + b = 1 and nothing is said; fitted on
+    non-embedding parameters (the head in C, not in N) the sum drifts past 0.05 and the
+    report warns, naming the axis."""
+    from transformer.scaling import isoflop
+    runs = _mixed_axis_runs()
+    right = chinchilla.approach2(runs)
+    assert abs(right["a"] + right["b"] - 1) < 0.01 and chinchilla.sum_warning(right) is None
+    mixed = chinchilla.approach2([dict(r, N=r["N_non_embedding"]) for r in runs])
+    assert mixed["a"] + mixed["b"] - 1 > 0.05
+    assert chinchilla.sum_warning(mixed).startswith("WARNING: a + b = ")
+    text = "\n".join(isoflop.axes_lines(runs))
+    assert "non-embedding: WARNING: a + b" in text
+    assert "compute-equivalent C/(6D): WARNING" not in text
+
+
+def _offset_runs(offsets, noise=0.002, seed=1):
+    """A planted sweep whose every run of budget i sits offsets[i] nats off the law."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for C, shift in zip(BUDGETS, offsets):
+        for r in _isoflop_runs([C], per_budget=7):
+            runs.append(dict(r, budget=C, loss=r["loss"] + shift + noise * rng.standard_normal()))
+    return runs
+
+
+def test_approach3_is_trusted_only_when_it_fits():
+    """Seed-noise-sized scatter: the gate passes. Offsets by budget (+-0.03 nats, alternating,
+    so the rmse alone stays under 3x a 0.012 noise): the gate fails on the one-sign budgets, and
+    says so. A gate with the sign test turned around (fail on mixed signs, pass on one sign)
+    fails both halves. A holdout below 80% inside fails it too; predictions then come from
+    Approach 2."""
+    from transformer.scaling import gate, isoflop
+    clean = _offset_runs([0, 0, 0, 0])
+    verdict = gate.judge(clean, chinchilla.approach3(clean), seed_noise=0.003)
+    assert verdict["fits"], verdict["reasons"]
+    shifted = _offset_runs([0.03, -0.03, 0.03, -0.03])
+    a3 = chinchilla.approach3(shifted)
+    verdict = gate.judge(shifted, a3, seed_noise=0.012)
+    assert verdict["rmse"] < 3 * 0.012  # not caught by the rmse
+    assert not verdict["fits"] and any("has one sign" in r for r in verdict["reasons"])
+    assert sum(one for _, _, one in verdict["budgets"].values()) >= 2
+    assert "Approach 3 does not fit: every residual of budget" in "\n".join(
+        gate.lines(verdict, 0.012, False))
+    assert not gate.judge(clean, chinchilla.approach3(clean), 0.003, holdout_inside=0.5)["fits"]
+    fits = isoflop.fit_all(shifted, n_boot=0, sweep={"seed_noise": 0.012})
+    p = isoflop.optimum(fits, 1e21)
+    assert p["source"] == "Approach 2"
+    assert p["N"] == pytest.approx(chinchilla.approach2_optimum(fits["a2"], 1e21)[0])
+
+
+def test_the_published_sweep_refits_as_its_record_says():
+    """The refit of cpu_isoflop.py's 29 recorded members (transformer/lab/isoflop_refit.py)
+    gives the exponents its record in docs/records/scaling.jsonl holds, on every N."""
+    import json
+
+    from transformer.lab import isoflop_refit
+    recorded = [json.loads(line)["result"] for line in isoflop_refit.RECORDS.read_text()
+                .splitlines() if "isoflop_refit scaling/cpu_isoflop.py" in line][-1]
+    _, figures = isoflop_refit.refit("scaling/cpu_isoflop.py", 0.01, n_boot=2)
+    for key in ("runs", "a", "b", "a_plus_b", "a_non_embedding", "a_plus_b_non_embedding",
+                "a_total", "tokens_per_param_opt", "approach3_rmse", "approach3_budget_means"):
+        assert figures[key] == recorded[key], key
+    assert recorded["approach3_fits"].startswith("no: ")

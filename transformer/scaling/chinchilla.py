@@ -109,6 +109,35 @@ def approach2(runs) -> dict | None:
                 kD=math.exp(log_kD), no_valley=no_valley, too_few=too_few)
 
 
+SUM_TOLERANCE = 0.05  # |a + b - 1| beyond this: N and the FLOP count disagree
+
+
+def sum_warning(f: dict | None) -> str | None:
+    """A warning when Approach 2's a + b is more than SUM_TOLERANCE from 1. With C = 6·N·D
+    exactly, N_opt·D_opt = C/6 at every budget and a + b = 1; a sum off 1 says the N fitted is
+    not the N the FLOP count counts (non-embedding parameters against a C that includes the
+    head: Pearce & Song 2024, Porian et al. 2024), and a is biased by the difference."""
+    if not f or abs(f["a"] + f["b"] - 1) <= SUM_TOLERANCE:
+        return None
+    return (f"WARNING: a + b = {f['a'] + f['b']:.3f}, more than {SUM_TOLERANCE} from 1: the N "
+            "fitted is not the N the FLOP count C counts (C != 6·N·D), and a is biased; fit "
+            "on compute-equivalent parameters C/(6D)")
+
+
+def min_loss_law(f: dict | None):
+    """(k, g) of L_opt(C) = k·C^g, a line in log-log through the fitted budgets' minimum
+    losses of Approach 2 (its parabolas' lowest points); None with fewer than 2. The loss a
+    prediction stands on when Approach 3 does not fit (scaling/gate.py)."""
+    if not f or len(f["fitted"]) < 2:
+        return None
+    C = np.array(f["fitted"], float)
+    loss = np.array([f["budgets"][c]["loss_opt"] for c in f["fitted"]], float)
+    if not (loss > 0).all():
+        return None
+    g, log_k = np.polyfit(np.log(C), np.log(loss), 1)
+    return math.exp(log_k), float(g)
+
+
 def approach2_optimum(f: dict, C: float):
     """(N_opt, D_opt) at budget C from Approach 2's power laws."""
     return f["kN"] * C ** f["a"], f["kD"] * C ** f["b"]

@@ -196,8 +196,8 @@ def plot_isoflop(runs, a2, a3, cost, out) -> Path:
         n3 = [chinchilla.approach3_optimum(a3, C, cost)[0] for C in grid_C]
         ax_opt.plot(grid_C, n3, "r:", lw=1.5, label=f"Approach 3: α={a3['alpha']:.2f}, "
                     f"β={a3['beta']:.2f}")
-    ax.set(xscale="log", xlabel="non-embedding parameters N", ylabel="final val loss",
-           title="IsoFLOP curves")
+    ax.set(xscale="log", xlabel="compute-equivalent parameters N = C/(6D)",
+           ylabel="final val loss", title="IsoFLOP curves")
     ax_opt.set(xscale="log", yscale="log", xlabel="training compute C (FLOPs)",
                ylabel="compute-optimal N", title="optimal size against compute")
     for a in (ax, ax_opt):

@@ -119,17 +119,19 @@ def _fits(ok) -> dict:
 def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
     from transformer.scaling import isoflop
     runs = isoflop.runs_of(ok)
-    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir))
-    lines = ["", *isoflop.describe(fits)]
-    if fits["a3"] is not None:
+    held_lines, inside = isoflop.holdout(runs, holdout, n_boot) if holdout else ([], None)
+    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir), holdout_inside=inside)
+    lines = ["", *isoflop.describe(fits), "", *isoflop.axes_lines(runs)]
+    if fits["a3"] is not None or fits["a2"] is not None:
         largest = max(r["budget"] for r in runs)
         lines += ["", *isoflop.prediction_lines(fits, largest)]
     if holdout:
-        lines += ["", *isoflop.holdout_lines(runs, holdout, n_boot)]
+        lines += ["", *held_lines]
     png = isoflop.plot_isoflop(runs, fits, workdir / "isoflop.png")
     lines.append(f"wrote {png}")
     summary = {"approach2": {k: v for k, v in (fits["a2"] or {}).items() if k != "budgets"},
-               "approach3": fits["a3"]}
+               "approach3": fits["a3"],
+               "approach3_fits": {k: v for k, v in fits["gate"].items() if k != "budgets"}}
     return summary, lines
 
 

@@ -56,15 +56,19 @@ def depths(values) -> list[dict]:
     return [dict(name=f"D{L}", depth=L) for L in values]
 
 
-def sweep_config(base, sizes, budget_kind: str, budgets, variants=(),
-                 window=None) -> ml_collections.ConfigDict:
+def sweep_config(base, sizes, budget_kind: str, budgets, variants=(), window=None,
+                 window_n=None, rules=False, seed_noise=None) -> ml_collections.ConfigDict:
     """What a sweep config file's get_config() returns: `budgets` are token counts, FLOP
     counts or tokens per parameter, as `budget_kind` says. `variants` (optional, see `grid`)
     repeat the whole ladder once per variant: {"name": ..., "group": ..., "model.x": value}.
     `window` (optional, (low, high)) keeps a size at a budget only where its tokens per
     non-embedding parameter fall in [low, high]: an IsoFLOP sweep over 100x in compute then
     trains, at each budget, the sizes around its optimum, not a 10,000-step run of a size far
-    too small for it or a 10-step run of one far too large."""
+    too small for it or a 10-step run of one far too large. `window_n="compute"` counts those
+    tokens per compute-equivalent parameter C/(6D) instead. `rules=True` gives each member its
+    batch, rates, weight decay and warm-up by scaling/rules.py from its width and tokens.
+    `seed_noise` (nats per token): the recipe's seed noise, which the report holds Approach 3's
+    rmse against (scaling/gate.py)."""
     s = ml_collections.ConfigDict()
     s.base = base
     s.sizes = [dict(size) for size in sizes]
@@ -73,6 +77,12 @@ def sweep_config(base, sizes, budget_kind: str, budgets, variants=(),
     s.variants = [dict(v) for v in variants]
     if window:  # absent otherwise: a sweep saved before windows existed reads the same
         s.window = tuple(window)
+    if window_n:  # "compute": the window counts tokens per compute-equivalent parameter
+        s.window_n = window_n
+    if rules:  # each member's batch, rates, decay and warm-up from scaling/rules.py
+        s.rules = True
+    if seed_noise:  # the recipe's seed noise (nats): the yardstick Approach 3's fit must meet
+        s.seed_noise = float(seed_noise)
     return s
 
 
@@ -178,11 +188,10 @@ def members(sweep) -> list[Member]:
             tokens = value / flops.train_flops_per_token(model)
         else:
             tokens = value * non_embedding
-        if window and not window[0] <= tokens / non_embedding <= window[1]:
+        if window and not window[0] <= tokens / _window_n(sweep, model) <= window[1]:
             continue
         kept[value] += 1
-        tokens_per_step = config.train.batch_size * config.model.max_seq_len
-        config.train.steps = max(1, round(tokens / tokens_per_step))
+        config = _member_settings(sweep, variant, config, tokens)
         tag = {"tokens": f"tok{human(value)}", "chinchilla": f"x{value:g}",
                "flops": f"flop{value:.1e}".replace("e+", "e")}[kind]
         name = "_".join(p for p in (variant["name"], size["name"], tag) if p)
@@ -204,6 +213,29 @@ def members(sweep) -> list[Member]:
                               "token count)")
         seen[m.name] = m
     return out
+
+
+def _window_n(sweep, model) -> float:
+    """The N a window's tokens per parameter divide by: non-embedding parameters (sweeps saved
+    before `window_n` existed), or with window_n="compute" the compute-equivalent parameters
+    C/(6D) = F/6 that the IsoFLOP fits use (isoflop.runs_of)."""
+    if sweep.get("window_n") == "compute":
+        return flops.train_flops_per_token(model) / 6
+    return flops.param_counts(model)["non_embedding"]
+
+
+def _member_settings(sweep, variant: dict, config, tokens: float):
+    """The member's steps for its tokens at the base's batch; with sweep.rules, its batch,
+    rates, weight decay and warm-up too, from its width and tokens (scaling/rules.py), the
+    base config with the variant's changes as the reference."""
+    if not sweep.get("rules"):
+        tokens_per_step = config.train.batch_size * config.model.max_seq_len
+        config.train.steps = max(1, round(tokens / tokens_per_step))
+        return config
+    from transformer.scaling import rules
+    reference = ml_collections.ConfigDict(sweep.base.to_dict())
+    _apply_variant(reference, variant)
+    return replace(config, **rules.settings(reference, config.model.d_model, tokens))
 
 
 def differences(saved: dict, current: dict) -> dict:

@@ -4,21 +4,27 @@ at a budget beyond its own, next to its two ladder neighbours at the same budget
     python -m transformer scaling --workdir=runs/isoflop --verify            # 4x its largest C
     python -m transformer scaling --workdir=runs/isoflop --verify --flops=1e13 --seeds=2
 
-The fits are the report's (isoflop.fit_all on the finished members). Approach 3's optimum at
-C names a size of the sweep's own ladder rule, the one nearest N_opt (`LadderCost.nearest`,
-the very function --predict prints it with); its neighbours are the ladder sizes one sweep
-step below and above (`LadderCost.neighbours`). Each is sized to C exactly as the sweep sizes
+The fits are the report's (isoflop.fit_all on the finished members). The optimum at C (from
+Approach 3 where it fits, else Approach 2: isoflop.optimum, gate.py) names a size of the
+sweep's own ladder rule, the one nearest N_opt (`LadderCost.nearest`, the very function
+--predict prints it with); its neighbours are the ladder sizes nearest half and twice that N
+(`LadderCost.neighbours`: one sweep step is too close to the optimum to tell apart). Each is sized to C exactly as the sweep sizes
 its members (tokens = C / its training FLOPs per token, in whole steps of the sweep's batch)
 and trained with the sweep's base config, at `--seeds` seeds (train.seed, +1, ...), in
 <workdir>/verify/flop<C>/: one folder per budget, so budgets are verified one after another
 and a rerun skips what finished.
 
-Two checks are printed. The loss: the predicted size's measured loss (first seed) against
-Approach 3's L(N, D) at its N and D, with its 95% bootstrap interval, in % and in half-widths.
-The size: the runs of one seed share data order and validation batches, so a neighbour's
-loss minus the predicted size's is a paired gap; its seed noise is the standard deviation
-of that gap over the seeds (not measured with one seed). The prediction is confirmed when
-neither neighbour beats the predicted size by more than that noise (by anything at one seed).
+Two checks are printed. The loss: the predicted size's measured loss (its mean over the
+seeds) against the predicted loss with its 95% bootstrap interval, in % and in half-widths:
+Approach 3's L(N, D) at its N and D where Approach 3 fits, else the line through each
+budget's minimum loss against C. The size: the runs of one seed share data order and
+validation batches, so a neighbour's loss minus the predicted size's is a paired gap; its
+seed spread is the standard deviation of that gap over the seeds (not measured with one
+seed). The verdict is one of three:
+    confirmed     the predicted size beats both neighbours by more than each gap's spread
+    refuted       a neighbour beats it by more than that gap's spread
+    inconclusive  anything else: a gap within its seed spread, or one seed (no spread)
+A noise-sized gap decides nothing either way.
 """
 
 from __future__ import annotations
@@ -63,19 +69,17 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
                           "without variants (for a train.lr grid, one at the best lr)")
     runs = isoflop.runs_of(ok)
     fits = isoflop.fit_all(runs, n_boot, saved)
-    if fits["a3"] is None:
-        raise ConfigError("--verify: Approach 3 could not be fitted (needs >= 6 finished runs "
-                          "with 3 sizes and 3 token counts)")
     C = flops_budget or FACTOR * max(r["budget"] for r in runs)
-    best = isoflop.optimum(fits, C)
+    best = isoflop.optimum(fits, C)  # Approach 3 where it fits, else Approach 2
     cost = fits["cost"]
     size, _, _ = cost.nearest(best["N"])
     lower_upper = cost.neighbours(best["N"])
     check = ml_collections.ConfigDict(saved)
     check.sizes = sorted([size, *lower_upper], key=lambda s: cost.count(s)[0])
     check.budgets, check.budget_kind = (C,), "flops"
-    if "window" in check:  # the three sizes train wherever the sweep's window would put them
-        del check["window"]
+    for key in ("window", "window_n"):  # the three sizes train wherever the window would put them
+        if key in check:
+            del check[key]
     seed = check.base.train.seed
     # The first seed's members keep the plain names (<size>_flop<C>); later seeds are
     # variants named seed=<s>, so raising --seeds later adds members and keeps the rest.
@@ -99,37 +103,43 @@ def _refuse_another_plan(check, where: Path) -> None:
                           "this budget again")
 
 
-def verdict(losses: dict, predicted: str) -> tuple[bool, str, dict]:
+def verdict(losses: dict, predicted: str) -> tuple[str, str, dict]:
     """Whether the size `predicted` is the best of `losses` ({size: [val loss per seed]},
-    seeds paired by position), within the seed noise of each paired gap. Returns (confirmed,
-    one line saying why, {size: (mean gap to the predicted size, its seed noise or None)})."""
+    seeds paired by position): "confirmed" when it beats every other size by more than the
+    seed spread of that paired gap, "refuted" when another beats it by more than the spread,
+    else "inconclusive" (also at one seed: no spread is measured); "no verdict" when a loss
+    is not finite. Returns (verdict, one line saying why, {size: (mean gap to the predicted
+    size, its seed spread or None)})."""
     mine = np.array(losses[predicted], float)
     broken = [name for name, values in losses.items() if not np.isfinite(values).all()]
-    if broken:  # NaN compares as neither better nor worse: it would pass as "confirmed"
-        return False, (f"no verdict: the val loss of {', '.join(broken)} is not finite (a "
-                       "diverged or unevaluated run)"), {}
-    gaps, beaten = {}, []
+    if broken:  # NaN compares as neither better nor worse
+        return "no verdict", (f"no verdict: the val loss of {', '.join(broken)} is not finite "
+                              "(a diverged or unevaluated run)"), {}
+    gaps = {}
     for name, values in losses.items():
-        if name == predicted:
-            continue
-        gap = np.array(values, float) - mine  # positive: the predicted size is better
-        noise = float(np.std(gap, ddof=1)) if len(gap) > 1 else None
-        gaps[name] = (float(gap.mean()), noise)
-        if gap.mean() < 0:
-            beaten.append(name)
+        if name != predicted:
+            gap = np.array(values, float) - mine  # positive: the predicted size is better
+            gaps[name] = (float(gap.mean()), float(np.std(gap, ddof=1)) if len(gap) > 1
+                          else None)
     if not gaps:
-        return False, "nothing to compare: the ladder has no neighbour of the predicted size", {}
-    if not beaten:
-        return True, (f"confirmed: {predicted} has the lowest val loss of the "
-                      f"{len(losses)} sizes"), gaps
-    worst = min(beaten, key=lambda n: gaps[n][0])
-    mean, noise = gaps[worst]
-    if noise is not None and -mean <= noise:
-        return True, (f"confirmed within seed noise: {worst} is lower by {-mean:.4f}, less "
-                      f"than the seed noise of that gap ({noise:.4f})"), gaps
-    why = (f"more than the seed noise of that gap ({noise:.4f})" if noise is not None
-           else "seed noise not measured (--seeds=1)")
-    return False, f"NOT confirmed: {worst} is lower by {-mean:.4f}, {why}", gaps
+        return "no verdict", "nothing to compare: the ladder has no neighbour of the size", {}
+    if any(noise is None for _, noise in gaps.values()):
+        return "inconclusive", ("inconclusive: one seed measures no seed spread, so no gap "
+                                "can be told from noise (--seeds=2 or more)"), gaps
+    beaten = {n: (m, s) for n, (m, s) in gaps.items() if m < 0 and -m > s}
+    if beaten:
+        worst = min(beaten, key=lambda n: beaten[n][0])
+        mean, noise = beaten[worst]
+        return "refuted", (f"refuted: {worst} is lower by {-mean:.4f}, more than the seed "
+                           f"spread of that gap ({noise:.4f})"), gaps
+    close = {n: (m, s) for n, (m, s) in gaps.items() if m <= s}
+    if close:
+        name = min(close, key=lambda n: close[n][0])
+        mean, noise = close[name]
+        return "inconclusive", (f"inconclusive: the gap to {name} ({mean:+.4f}) is within its "
+                                f"seed spread ({noise:.4f})"), gaps
+    return "confirmed", (f"confirmed: {predicted} beats every other size by more than the "
+                         "seed spread of each gap"), gaps
 
 
 def verify(workdir, flops_budget: float | None = None, log=print, n_boot: int = 100,
@@ -147,55 +157,71 @@ def verify(workdir, flops_budget: float | None = None, log=print, n_boot: int = 
     _refuse_another_plan(check, where)
     largest = max(r["budget_value"] for r in report.collect(workdir))
     log(f"verify: C = {C:.3g} FLOPs ({C / largest:.3g}x the sweep's largest budget); "
-        f"Approach 3's optimum N_opt = {human(best['N'])}, D_opt = {human(best['D'])}; "
-        f"training the nearest ladder size {size['name']} ({member.config.train.steps} steps, "
-        f"{member.tokens:,} tokens) and its neighbours "
+        f"{best['source']}'s optimum N_opt = {human(best['N'])} compute-equivalent params, "
+        f"D_opt = {human(best['D'])}; training the nearest ladder size {size['name']} "
+        f"({member.config.train.steps} steps, {member.tokens:,} tokens) and the sizes nearest "
+        f"half and twice its N, "
         f"{', '.join(s['name'] for s in check.sizes if s['name'] != size['name'])}, "
         f"{seeds} seed{'s' if seeds > 1 else ''} each, in {where}")
     sweep_lib.run(check, where, log=log, progress=progress, allow_change=("sizes", "variants"))
     rows = {r["name"]: r for r in report.collect(where)}
-    row = rows[member.name]
-    N, D, measured = row["params_non_embedding"], row["tokens"], row["val_loss"]
-    predicted = float(chinchilla.loss_nd(fits["a3"], N, D))
-    lo, hi = chinchilla.interval([float(chinchilla.loss_nd(f, N, D)) for f in fits["boot3"]])
+    mine = [rows[m.name] for m in members if m.index % len(names) == names.index(size["name"])]
+    row = mine[0]
+    N, D = row["flops"] / (6 * row["tokens"]), row["tokens"]
+    measured = float(np.mean([r["val_loss"] for r in mine]))
+    predicted, (lo, hi), how = predicted_loss(fits, best, N, D)
     half = (hi - lo) / 2
     error = 100 * (measured - predicted) / predicted
     widths = (measured - predicted) / half if half > 0 else math.nan
-    lines = [f"verify at C = {C:.3g} FLOPs: {member.name} ({human(N)} non-embedding params, "
-             f"{human(D)} tokens, {row['flops']:.3g} FLOPs counted)",
-             f"  predicted val loss = {predicted:.4f} [{lo:.4f}, {hi:.4f}] nats/token "
-             f"(Approach 3 at this N and D, 95% bootstrap interval, {len(fits['boot3'])} "
-             "resamples)",
-             f"  measured val loss  = {measured:.4f}: {error:+.2f}% of the prediction, "
+    lines = [f"verify at C = {C:.3g} FLOPs: {size['name']} ({human(N)} compute-equivalent "
+             f"params, {human(D)} tokens, {row['flops']:.3g} FLOPs counted)",
+             f"  predicted val loss = {predicted:.4f} [{lo:.4f}, {hi:.4f}] nats/token ({how}, "
+             "95% bootstrap interval)",
+             f"  measured val loss  = {measured:.4f} (mean of {len(mine)} seed"
+             f"{'s' if len(mine) > 1 else ''}): {error:+.2f}% of the prediction, "
              f"{widths:+.2f} interval half-widths "
              f"({'inside' if lo <= measured <= hi else 'OUTSIDE'} the interval)"]
-    confirmed, why, table = _size_table(check, members, rows, size["name"], fits, C, seeds)
+    said, why, table = _size_table(check, members, rows, size["name"], fits, C, seeds)
     lines += ["", *table, "", why]
     log("\n".join(lines))
     return dict(C=C, name=member.name, N=N, D=D, predicted=predicted, interval=(lo, hi),
                 measured=measured, error_pct=error, error_widths=widths, folder=str(where),
-                confirmed=confirmed, verdict=why)
+                verdict=said, why=why, source=best["source"])
+
+
+def predicted_loss(fits, best: dict, N: float, D: float):
+    """(loss, (lo, hi), how) the trained size should reach: Approach 3's L(N, D) at its own
+    N and D where Approach 3 fits, else the optimum's loss at C from the line through each
+    budget's minimum loss (isoflop.optimum)."""
+    if best["source"] == "Approach 3":
+        lo_hi = chinchilla.interval([float(chinchilla.loss_nd(f, N, D)) for f in fits["boot3"]])
+        return (float(chinchilla.loss_nd(fits["a3"], N, D)), lo_hi,
+                f"Approach 3 at this N and D, {len(fits['boot3'])} resamples")
+    return (best["loss"], best["loss_int"], "Approach 3 does not fit: the line through each "
+            f"budget's minimum loss against C, {len(fits['boot2'])} resamples")
 
 
 def _size_table(check, members, rows, predicted: str, fits, C: float, seeds: int):
-    """(confirmed, why, markdown lines): each size's val loss per seed, its mean, its paired
-    gap to the predicted size with the gap's seed noise, and Approach 3's prediction."""
+    """(verdict, why, markdown lines): each size's val loss per seed, its mean, its paired
+    gap to the predicted size with the gap's seed spread, and Approach 3's prediction."""
     by_size = {s["name"]: [rows[m.name] for m in members
                            if m.index % len(check.sizes) == i]
                for i, s in enumerate(check.sizes)}
     losses = {name: [r["val_loss"] for r in rs] for name, rs in by_size.items()}
-    confirmed, why, gaps = verdict(losses, predicted)
+    said, why, gaps = verdict(losses, predicted)
     seed0 = check.base.train.seed
     head = " | ".join(f"val loss, seed {seed0 + k}" for k in range(seeds))
     lines = [f"{len(by_size)} sizes at C = {C:.3g} FLOPs (the gap is paired: a size's val loss "
              "minus the predicted size's at the same seed; positive: the prediction is "
              "better):", "",
-             f"| size | N | D | tokens/param | {head} | mean | gap to {predicted} "
-             "[seed noise] | Approach 3 |",
+             f"| size | N (compute-equivalent) | D | tokens/param | {head} | mean "
+             f"| gap to {predicted} [seed spread] | Approach 3 |",
              "|" + "---|" * (7 + seeds)]
     for name, rs in by_size.items():
         r = rs[0]
-        N, D = r["params_non_embedding"], r["tokens"]
+        N, D = r["flops"] / (6 * r["tokens"]), r["tokens"]
+        a3 = (f"{float(chinchilla.loss_nd(fits['a3'], N, D)):.4f}" if fits["a3"] else "-") \
+            + ("" if fits["gate"]["fits"] else " (does not fit)")
         if name == predicted:
             gap = "(predicted)"
         else:
@@ -203,6 +229,5 @@ def _size_table(check, members, rows, predicted: str, fits, C: float, seeds: int
             gap = f"{mean:+.4f} [{noise:.4f}]" if noise is not None else f"{mean:+.4f}"
         lines.append(f"| {name} | {human(N)} | {human(D)} | {D / N:.3g} | "
                      + " | ".join(f"{x:.4f}" for x in losses[name])
-                     + f" | {np.mean(losses[name]):.4f} | {gap} "
-                     f"| {float(chinchilla.loss_nd(fits['a3'], N, D)):.4f} |")
-    return confirmed, why, lines
+                     + f" | {np.mean(losses[name]):.4f} | {gap} | {a3} |")
+    return said, why, lines

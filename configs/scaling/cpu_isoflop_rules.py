@@ -1,0 +1,41 @@
+"""IsoFLOP curves for the quick start's recipe (its block and Muon) with every member at its own
+batch, rates, weight decay and warm-up (transformer/scaling/rules.py, fed its width and real
+tokens; the quick start is the reference). 4 layers, widths 8..128, 5 budgets over 100x
+(6e10..6e12 FLOPs), each keeping the sizes whose tokens per compute-equivalent parameter
+C/(6D) fall in WINDOW: 27 runs. cpu_isoflop.py is the same ladder on fixed settings.
+
+    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules
+    python -m transformer scaling --workdir=runs/isoflop_rules --report --holdout=largest
+    python -m transformer scaling --workdir=runs/isoflop_rules --verify --seeds=2
+"""
+
+from transformer.config.files import quick_start
+from transformer.scaling.sweep import sweep_config
+
+N_LAYERS = 4
+WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96, 128)
+BUDGETS = (6e10, 2e11, 6e11, 2e12, 6e12)
+# Tokens per compute-equivalent parameter a member may train on: centred (in log) on the 8-10
+# at which the refit of the 2026-12-06 sweep puts every budget's optimum, 12x either side. A
+# width step moves D/N by 2-3x here, so each budget keeps 5-6 sizes, two or more each side of
+# its optimum: enough for a parabola, none of them a 10x-off run that only bends the fit.
+WINDOW = (0.75, 110)
+# The recipe's seed noise in nats per token (the standard deviation of one run's final val
+# loss over seeds, 0.004-0.010 on this recipe, docs/scaling.md): Approach 3 is trusted only
+# when its rmse is within 3x this.
+SEED_NOISE = 0.01
+
+
+def sizes(n_layers=N_LAYERS, widths=WIDTHS, head_dim=32, ff_ratio=2):
+    """The quick start's shape at other widths: heads of up to 32, d_ff twice d_model."""
+    return [dict(name=f"L{n_layers}-d{d}", n_layers=n_layers, d_model=d,
+                 n_heads=-(-d // head_dim), d_ff=ff_ratio * d) for d in widths]
+
+
+def get_config():
+    base = quick_start()  # its batch, rates, decay and 50-step warm-up are the rules' reference
+    # The whole standard library (~32 MB, ~10M tokens): no member reads it twice.
+    base.data.update(max_bytes=32_000_000)
+    base.train.update(eval_every=1_000_000, ckpt_every=2000, log_every=25)
+    return sweep_config(base, sizes(), budget_kind="flops", budgets=BUDGETS, window=WINDOW,
+                        window_n="compute", rules=True, seed_noise=SEED_NOISE)
