@@ -23,10 +23,12 @@ V, T = 16, 16
 ALL = ModelConfig(vocab_size=V, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_seq_len=T,
                   matmul="plain", position="rope", norm="rmsnorm", mlp="swiglu",
                   n_kv_heads=2, tie_embeddings=False, value_embeds="alternate", smear=True,
-                  backout=True)
-PIECES = {"value_embeds": dict(smear=False, backout=False),
-          "smear": dict(value_embeds="none", backout=False),
-          "backout": dict(value_embeds="none", smear=False),
+                  backout=True, x0_lambdas=True)
+NONE = dict(value_embeds="none", smear=False, backout=False, x0_lambdas=False)
+PIECES = {"value_embeds": {**NONE, "value_embeds": "alternate"},
+          "smear": {**NONE, "smear": True},
+          "backout": {**NONE, "backout": True},
+          "x0_lambdas": {**NONE, "x0_lambdas": True},
           "all": {}}
 piece = pytest.mark.parametrize("name", list(PIECES))
 
@@ -156,6 +158,30 @@ def test_backout_subtracts_a_share_of_the_middle_blocks_output_before_the_head()
     np.testing.assert_allclose(forward(c, p, x_BT), want, rtol=1e-4, atol=1e-5)
 
 
+def test_x0_lambdas_feed_each_block_a_scaled_stream_plus_a_share_of_the_embedding():
+    """Block i reads r_i·x + a_i·x0 (x0: the embedding): computed here block by block with the
+    model's own blocks, from r = (1, 0.5, 2), a = (0, 0.3, -0.4)."""
+    c = config("x0_lambdas")
+    p = params_of(c)
+    start = np.asarray(p["residual_gains"]["gain"])
+    np.testing.assert_allclose(start, [[1.15, 1.10, 1.05], [0.20, 0.125, 0.05]], rtol=1e-6)
+    r, a = [1.0, 0.5, 2.0], [0.0, 0.3, -0.4]
+    p["residual_gains"]["gain"] = jnp.array([r, a])
+    x_BT = tokens()
+    x0 = p["embed"]["embedding"][x_BT]
+    x = x0
+    mask = gpt.attention.causal_mask(T, 0)
+    positions = jnp.broadcast_to(jnp.arange(T), x_BT.shape)
+    plain = dataclasses.replace(c, x0_lambdas=False)
+    for i in range(c.n_layers):
+        x = r[i] * x + a[i] * x0
+        x, _ = gpt.Block(plain).apply({"params": p[f"block_{i}"]}, x, mask, positions)
+    h = np.asarray(x, np.float64)
+    h = h / np.sqrt(np.mean(h ** 2, axis=-1, keepdims=True) + 1e-5)
+    want = (h * np.asarray(p["ln_final"]["scale"])) @ np.asarray(p["head"]["kernel"])
+    np.testing.assert_allclose(forward(c, p, x_BT), want, rtol=1e-4, atol=1e-5)
+
+
 @piece
 def test_causal(name):
     """Changing token t changes no logit before t (and changes those from t on)."""
@@ -224,7 +250,7 @@ def test_cached_smear_with_one_slot_per_row_equals_the_full_forward():
     np.testing.assert_allclose(logits[1, 0], full[1, 9], atol=2e-5)
 
 
-@pytest.mark.parametrize("field", ["value_embeds", "backout"])
+@pytest.mark.parametrize("field", ["value_embeds", "backout", "x0_lambdas"])
 def test_per_block_pieces_refuse_scanned_layers(field):
     c = base_config()
     c.model.update(scan_layers=True, **{field: "alternate" if field == "value_embeds" else True})

@@ -234,6 +234,9 @@ _MODEL = [
     _f("model.backout", False, "subtract lambda (learned, from 0.2) times the residual stream "
        "after block n_layers // 2 from the last block's output, before the final norm "
        "(nanochat)", FIXED),
+    _f("model.x0_lambdas", False, "block i reads r_i * x + a_i * x0, x0 the embedding, r_i and "
+       "a_i learned (from 1.15 and 0.2 at the first block to 1.05 and 0.05 at the last: "
+       "nanochat's per-layer residual scalars)", FIXED),
     _f("model.attention_kernel", "einsum", "einsum (reference) | jax (XLA's "
        "dot_product_attention) | cudnn (cuDNN flash attention: GPU, bfloat16)", CHANGE, ATTENTION_KERNELS),
     # The same parameters in every mode, but not the same numbers: fast_bf16 rounds matmul
@@ -394,7 +397,7 @@ GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "norm_placement": "pre
               "mlp": "gelu", "bias": True, "qk_norm": False, "logit_softcap": 0.0,
               "n_kv_heads": 0, "sliding_window": 0, "tie_embeddings": True,
               "zero_init_out": False, "vocab_used": 0, "value_embeds": "none", "smear": False,
-              "backout": False}
+              "backout": False, "x0_lambdas": False}
 
 FIELDS: tuple[Field, ...] = (*_MODEL, *_DATA, *_TRAIN, *_MESH, *_SAMPLE)
 BY_NAME = {f.name: f for f in FIELDS}

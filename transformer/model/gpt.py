@@ -22,6 +22,7 @@ That is the default (GPT-2's design). The parts can be swapped by config (docs/i
     model.smear=True             x_t += λ·σ(x_t[:12]·w)·x_{t-1} after the embedding (nanochat)
     model.value_embeds=alternate every other block (the last included) adds a token table to V
     model.backout=True           the last block's output minus λ·(the stream after block L//2)
+    model.x0_lambdas=True        block i reads r_i·x + a_i·x0, x0 the embedding (learned r, a)
     model.attention_kernel=cudnn the same with cuDNN flash attention (NVIDIA GPU, bfloat16)
 How the matmuls are computed (flax's layers and autodiff, or hand-written backward passes for
 CPU) is not this file's business: it asks `kernels.for_model(config)` for its dense layers
@@ -304,14 +305,25 @@ def smear_cache(x_BTD, cache_x, slot, start_B):
 
 
 class _Gain(nn.Module):
-    """One learned scalar under the leaf name `gain` (not decayed: optimizer.NOT_DECAYED)."""
+    """Learned scalars under the leaf name `gain` (not decayed: optimizer.NOT_DECAYED),
+    starting at `init` (a number, or nested tuples of them: the shape too)."""
 
-    init: float
+    init: float | tuple
 
     @nn.compact
-    def __call__(self):
-        return self.param("gain", _logical(nn.initializers.constant(self.init), (None,)), (1,),
+    def __call__(self, *_):
+        start = jnp.atleast_1d(jnp.asarray(self.init, jnp.float32))
+        return self.param("gain", _logical(lambda *_: start, (None,) * start.ndim), start.shape,
                           jnp.float32)
+
+
+def _residual_gains(c: ModelConfig):
+    """model.x0_lambdas' learned [2, L] gains: row 0 scales the residual stream entering
+    block i (r_i, from 1.15 down to 1.05), row 1 adds back the embedding x0 (a_i, from 0.2
+    down to 0.05): nanochat's initial values, more of x0 early, less later."""
+    depth = [i / max(c.n_layers - 1, 1) for i in range(c.n_layers)]
+    return _Gain((tuple(1.15 - 0.10 * d for d in depth), tuple(0.20 - 0.15 * d for d in depth)),
+                 name="residual_gains")
 
 
 class GPT(nn.Module):
@@ -403,8 +415,11 @@ class GPT(nn.Module):
     def _unrolled(self, block, x_BTD, mask, positions_BT, ve, cache=None, slot=None):
         """The blocks one by one (with `cache`: each its own layer's), backout at the end."""
         c = self.config
-        new_cache, x_mid_BTD = [], None
+        new_cache, x_mid_BTD, x0_BTD = [], None, x_BTD
+        gains_2L = _residual_gains(c)() if c.x0_lambdas else None
         for i in range(c.n_layers):
+            if gains_2L is not None:  # x = r_i·x + a_i·x0 (nanochat; modded-nanogpt)
+                x_BTD = (gains_2L[0, i] * x_BTD + gains_2L[1, i] * x0_BTD).astype(x_BTD.dtype)
             layer = None if cache is None else {"k": cache[i]["k"], "v": cache[i]["v"]}
             x_BTD, layer = block(c, name=f"block_{i}")(x_BTD, mask, positions_BT, layer, slot,
                                                        ve.get(i))
@@ -421,8 +436,9 @@ class GPT(nn.Module):
         if c.remat != "none":
             block = nn.remat(Block, policy=_REMAT_POLICY[c.remat], prevent_cse=not c.scan_layers)
         if c.scan_layers:
-            if c.backout:
-                raise ValueError("model.backout needs model.scan_layers=False")
+            if c.backout or c.x0_lambdas:
+                raise ValueError("model.backout and model.x0_lambdas need model.scan_layers="
+                                 "False")
             # One block body, its parameters stacked along a leading `layers` axis.
             stack = nn.scan(block, length=c.n_layers,
                             variable_axes={"params": 0, "intermediates": 0},
