@@ -327,3 +327,16 @@ def test_the_muon_fields_reach_the_optimizer():
     _, every = _muon_updates(muon_eq=True, muon_normuon_beta2=0.95, muon_cautious_wd=True,
                              muon_weight_decay=0.2)
     np.testing.assert_array_equal(every["embed"]["embedding"], plain["embed"]["embedding"])
+
+
+@piece
+def test_the_parameter_count_counts_every_piece(name):
+    """flops.param_counts (what `sizes`, the docs and the scaling fits read) equals the
+    parameters the model creates; value-embedding tables count as embeddings."""
+    from transformer.model import flops
+    c = config(name)
+    counts = flops.param_counts(c)
+    assert counts["total"] == gpt.count_params(init_params(c, jax.random.key(0)))
+    tables = len(gpt.value_embed_layers(c)) * V * c.kv_heads * c.head_dim
+    assert counts["value_embeddings"] == tables
+    assert counts["total"] - counts["non_embedding"] == 2 * V * c.d_model + tables
