@@ -13,9 +13,10 @@ from transformer.config import base_config
 def get_config():
     c = base_config()
     c.model.update(d_model=128, n_layers=4, n_heads=4, d_ff=256, max_seq_len=128,
-                   position="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)
+                   position="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False,
+                   value_embeds="alternate")
     c.data.update(max_bytes=4_000_000, tokenizer="bpe", bpe_vocab_size=2048)
-    c.train.update(steps=880, batch_size=16, optimizer="muon", muon_lr=0.01, lr=1.5e-2,
+    c.train.update(steps=835, batch_size=16, optimizer="muon", muon_lr=0.01, lr=1.5e-2,
                    b1=0.8, b2=0.99, muon_momentum=0.9, muon_weight_decay=0.2, warmup_steps=50,
                    log_every=25, eval_every=150, eval_batches=8, ckpt_every=300)
     # BPE tokens carry a word's leading space (" main", " self"): a prompt ending in a space

@@ -44,6 +44,7 @@ SYNTHETIC_CORPORA = ("copy", "random")
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer (optimizer.py)
 SCHEDULES = ("cosine", "wsd", "constant")  # learning-rate schedules (optimizer.py)
 WANDB_MODES = ("off", "online", "offline")  # train.wandb (train/trackers.py)
+VALUE_EMBEDS = ("none", "alternate", "ends")  # model.value_embeds (model/gpt.py)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # how wsd's decay phase falls  # data.corpus values that are generated, not read
 
 
@@ -222,6 +223,20 @@ _MODEL = [
     _f("model.sliding_window", 0, "0: full causal attention; w: attend to the last w positions",
        CHANGE, check=lambda v: None if v >= 0 else
        "must be >= 0 (0: full causal attention; w: the last w positions)"),
+    # nanochat's and modded-nanogpt's pieces (docs/speedrun.md, "nanochat's pieces"); each is
+    # off until a speedrun row says it wins.
+    _f("model.value_embeds", "none", "none | alternate (every other block, the last included: "
+       "nanochat) | ends (the first and last blocks: modded-nanogpt): those blocks add a table "
+       "of their own, looked up by token and gated per K/V head, to attention's values "
+       "(train.value_embed_lr)", FIXED, VALUE_EMBEDS),
+    _f("model.smear", False, "x_t += lambda * sigmoid(x_t[:12] . w) * x_{t-1} after the "
+       "embedding: a learned, gated share of the previous token's embedding (nanochat)", FIXED),
+    _f("model.backout", False, "subtract lambda (learned, from 0.2) times the residual stream "
+       "after block n_layers // 2 from the last block's output, before the final norm "
+       "(nanochat)", FIXED),
+    _f("model.x0_lambdas", False, "block i reads r_i * x + a_i * x0, x0 the embedding, r_i and "
+       "a_i learned (from 1.15 and 0.2 at the first block to 1.05 and 0.05 at the last: "
+       "nanochat's per-layer residual scalars)", FIXED),
     _f("model.attention_kernel", "einsum", "einsum (reference) | jax (XLA's "
        "dot_product_attention) | cudnn (cuDNN flash attention: GPU, bfloat16)", CHANGE, ATTENTION_KERNELS),
     # The same parameters in every mode, but not the same numbers: fast_bf16 rounds matmul
@@ -289,6 +304,19 @@ _TRAIN = [
        CHANGE, ("auto",) + DTYPES),
     _f("train.muon_weight_decay", 0.0, "optimizer=muon: decoupled decay of the hidden matrices "
        "(times the Muon lr)", CHANGE, check=_non_negative),
+    # NorMuon (Li et al. 2025, arXiv 2510.05491), MuonEq's row equilibration and cautious
+    # weight decay, as nanochat's Muon has them (muon.py).
+    _f("train.muon_normuon_beta2", 0.0, "optimizer=muon: 0: off | b: NorMuon: each neuron "
+       "of an orthogonalised update's longer side divided by the root of its mean square's "
+       "moving average (decay b, nanochat 0.95), then rescaled to the update's Frobenius "
+       "norm", CHANGE, check=_in(0.0, 1.0, text="must be in [0, 1) (0: off)")),
+    _f("train.muon_eq", False, "optimizer=muon: MuonEq: before orthogonalising, each output "
+       "neuron's row of the momentum rescaled to the matrix's mean row norm", CHANGE),
+    _f("train.muon_cautious_wd", False, "optimizer=muon: decay a weight only where the update "
+       "already moves it towards 0 (update and weight of one sign: cautious weight decay)",
+       CHANGE),
+    _f("train.value_embed_lr", 0.0, "model.value_embeds: AdamW's peak learning rate of the "
+       "value-embedding tables; 0: train.lr", CHANGE, check=_non_negative),
     _f("train.warmup_steps", 100, "linear warm-up steps", CHANGE, check=_non_negative),
     _f("train.schedule", "cosine", "learning-rate schedule after warm-up (optimizer.py)", CHANGE,
        SCHEDULES),
@@ -368,7 +396,8 @@ _SAMPLE = [
 GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "norm_placement": "pre",
               "mlp": "gelu", "bias": True, "qk_norm": False, "logit_softcap": 0.0,
               "n_kv_heads": 0, "sliding_window": 0, "tie_embeddings": True,
-              "zero_init_out": False, "vocab_used": 0}
+              "zero_init_out": False, "vocab_used": 0, "value_embeds": "none", "smear": False,
+              "backout": False, "x0_lambdas": False}
 
 FIELDS: tuple[Field, ...] = (*_MODEL, *_DATA, *_TRAIN, *_MESH, *_SAMPLE)
 BY_NAME = {f.name: f for f in FIELDS}

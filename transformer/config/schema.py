@@ -166,6 +166,10 @@ def _check_model(m) -> None:
     if m.vocab_used and m.vocab_size and m.vocab_used > m.vocab_size:
         _fail("model.vocab_used", m.vocab_used, f"must be at most model.vocab_size="
               f"{m.vocab_size} (ids from vocab_used up are padding), or 0 for none")
+    for name in ("value_embeds", "backout", "x0_lambdas"):  # per-block pieces: the scanned body is one
+        if m.scan_layers and m[name] not in ("none", False):
+            _fail(f"model.{name}", m[name], "is per block, and model.scan_layers=True runs one "
+                  "block body for all: set model.scan_layers=False")
     if m.attention_kernel == "cudnn" and m.dtype != "bfloat16":
         _fail("model.attention_kernel", m.attention_kernel, "cuDNN flash attention takes "
               "bfloat16 inputs: also set model.dtype=bfloat16, or use attention_kernel=jax")

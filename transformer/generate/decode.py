@@ -469,7 +469,8 @@ def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
                           in_shardings=(param_sh, cache_sh) + (rep,) * 8,
                           out_shardings=(rep, cache_sh), donate_argnums=1)
     empty = functools.partial(kvcache.init_cache, batch, config.n_layers, config.kv_heads,
-                              config.max_seq_len, config.head_dim, jnp.dtype(config.dtype))
+                              config.max_seq_len, config.head_dim, jnp.dtype(config.dtype),
+                              config.d_model * config.smear)
     cache_fn = jax.jit(empty, out_shardings=cache_sh)
     return generate_fn, cache_fn, param_sh
 
@@ -477,7 +478,8 @@ def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
 @functools.partial(jax.jit, static_argnames=("config", "batch"))
 def new_cache(*, config: ModelConfig, batch: int):
     return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
-                              config.head_dim, jnp.dtype(config.dtype))
+                              config.head_dim, jnp.dtype(config.dtype),
+                              config.d_model * config.smear)
 
 
 def new_caches(*, config: ModelConfig, batch: int, groups: int) -> list:

@@ -59,6 +59,9 @@ def family(mc: ModelConfig, what: str = "cannot export to Hugging Face format") 
         refuse("norm_placement", mc.norm_placement, "GPT-2 and Llama are pre-norm")
     if mc.sliding_window:
         refuse("sliding_window", mc.sliding_window, "GPT-2 and Llama attend to every position")
+    for field in ("value_embeds", "smear", "backout", "x0_lambdas"):  # nanochat's pieces: no counterpart
+        if getattr(mc, field) not in ("none", False):
+            refuse(field, getattr(mc, field), "GPT-2, Llama and Qwen3 have no such piece")
     if mc.position == "learned":
         if mc.norm != "layernorm":
             refuse("norm", mc.norm, "learned positions export as GPT-2, which needs layernorm")

@@ -54,6 +54,17 @@ def _norm_params(c) -> int:
     return (c.n_layers * 2 + (1 if c.norm_placement == "pre" else 0)) * per_norm + qk
 
 
+def _nanochat_piece_params(c) -> dict:
+    """model.value_embeds' tables (embeddings: looked up, never multiplied) and the few
+    gates and gains of value embeddings, smear, backout and x0_lambdas (model/gpt.py)."""
+    from transformer.model.gpt import GATE_CHANNELS, value_embed_layers
+    G, K, C = n_kv_heads(c), c.head_dim, min(GATE_CHANNELS, c.d_model)
+    ve = len(value_embed_layers(c))
+    gains = (ve * C * G + (C + 1 if c.smear else 0) + (1 if c.backout else 0)
+             + (2 * c.n_layers if c.x0_lambdas else 0))
+    return {"value_embeddings": ve * c.vocab_size * G * K, "gates_and_gains": gains}
+
+
 def param_counts(c) -> dict:
     """Parameters by component, plus `total` and `non_embedding` (Kaplan's N: everything but
     the token and position embeddings; an untied head counts as embedding too)."""
@@ -69,8 +80,10 @@ def param_counts(c) -> dict:
         "mlp": L * _mlp_params(c),
         "norms": _norm_params(c),
         "head": 0 if c.tie_embeddings else c.vocab_size * D,
+        **_nanochat_piece_params(c),
     }
-    embedding = counts["token_embedding"] + counts["position_embedding"] + counts["head"]
+    embedding = (counts["token_embedding"] + counts["position_embedding"] + counts["head"]
+                 + counts["value_embeddings"])
     counts["total"] = sum(counts.values())
     counts["non_embedding"] = counts["total"] - embedding
     return counts

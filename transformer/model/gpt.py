@@ -19,6 +19,10 @@ That is the default (GPT-2's design). The parts can be swapped by config (docs/i
     model.n_kv_heads=G           G key/value heads shared by groups of query heads
     model.sliding_window=w       each position attends to the last w positions only
     model.attention_kernel=jax   jax.nn.dot_product_attention instead of the einsums (XLA's)
+    model.smear=True             x_t += λ·σ(x_t[:12]·w)·x_{t-1} after the embedding (nanochat)
+    model.value_embeds=alternate every other block (the last included) adds a token table to V
+    model.backout=True           the last block's output minus λ·(the stream after block L//2)
+    model.x0_lambdas=True        block i reads r_i·x + a_i·x0, x0 the embedding (learned r, a)
     model.attention_kernel=cudnn the same with cuDNN flash attention (NVIDIA GPU, bfloat16)
 How the matmuls are computed (flax's layers and autodiff, or hand-written backward passes for
 CPU) is not this file's business: it asks `kernels.for_model(config)` for its dense layers
@@ -102,13 +106,22 @@ def _residual_init(config: ModelConfig):
     return nn.initializers.normal(INIT_STD / (2 * config.n_layers) ** 0.5)
 
 
+# nanochat's gates read a token's first few channels only: a cheap, per-token decision.
+GATE_CHANNELS = 12
+
+
+def _small_positive(key, shape, dtype=jnp.float32):
+    """U(0, 0.02): gates that start just above σ(0) (nanochat's init)."""
+    return jax.random.uniform(key, shape, dtype, 0.0, 0.02)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention: project to Q, K, V, attend per head, concatenate, project with W_O."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None, ve_BTGK=None):
         c = self.config
         H, G, K = c.n_heads, c.kv_heads, c.head_dim
         ops = kernels.for_model(c)  # how the matmuls are computed: the seam decides
@@ -124,7 +137,15 @@ class CausalSelfAttention(nn.Module):
         kv_axis = "heads" if G == H else "kv_heads"
         q_BHTK = project("query", H, "heads")(x_BTD).transpose(0, 2, 1, 3)
         k_BGTK = project("key", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
-        v_BGTK = project("value", G, kv_axis)(x_BTD).transpose(0, 2, 1, 3)
+        v_BTGK = project("value", G, kv_axis)(x_BTD)
+        if ve_BTGK is not None:  # the block's value embedding of each token, gated per head
+            # ResFormer's value residual, gated as nanochat's: 3·σ(x[:12] W_g) in (0, 3), one
+            # gate per token and K/V head, read from the attention input.
+            w_CG = self.param("gate", _logical(_small_positive, (None, kv_axis)),
+                              (min(GATE_CHANNELS, c.d_model), G), jnp.float32)
+            gate_BTG = 3 * jax.nn.sigmoid(x_BTD[..., :GATE_CHANNELS].astype(jnp.float32) @ w_CG)
+            v_BTGK = v_BTGK + (gate_BTG[..., None] * ve_BTGK).astype(v_BTGK.dtype)
+        v_BGTK = v_BTGK.transpose(0, 2, 1, 3)
         if c.qk_norm:  # before the rotation, as Qwen3: the cache then holds normed keys
             q_BHTK, k_BGTK = _head_norm(c, "q_norm")(q_BHTK), _head_norm(c, "k_norm")(k_BGTK)
         if c.position == "rope":  # rotate by absolute position: scores see only p - s
@@ -200,16 +221,16 @@ class Block(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None):
+    def __call__(self, x_BTD, mask, positions_BT, cache=None, index=None, ve_BTGK=None):
         c = self.config
         attn, mlp = CausalSelfAttention(c, name="attn"), MLP(c, name="mlp")
         norm_attn, norm_mlp = _norm(c, "ln_attn"), _norm(c, "ln_mlp")
         if c.norm_placement == "pre":
-            h_BTD, cache = attn(norm_attn(x_BTD), mask, positions_BT, cache, index)
+            h_BTD, cache = attn(norm_attn(x_BTD), mask, positions_BT, cache, index, ve_BTGK)
             x_BTD = x_BTD + h_BTD
             x_BTD = x_BTD + mlp(norm_mlp(x_BTD))
         else:
-            h_BTD, cache = attn(x_BTD, mask, positions_BT, cache, index)
+            h_BTD, cache = attn(x_BTD, mask, positions_BT, cache, index, ve_BTGK)
             x_BTD = norm_attn(x_BTD + h_BTD)
             x_BTD = norm_mlp(x_BTD + mlp(x_BTD))
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
@@ -234,6 +255,82 @@ class _HeadKernel(nn.Module):
     def __call__(self, d_model: int):
         init = _logical(nn.initializers.normal(INIT_STD), ("embed", "vocab"))
         return self.param("kernel", init, (d_model, self.features), self.param_dtype)
+
+
+def value_embed_layers(c: ModelConfig) -> tuple[int, ...]:
+    """The blocks that add a value embedding (model.value_embeds): every other one ending with
+    the last (nanochat), or the first and the last (modded-nanogpt), or none."""
+    L = c.n_layers
+    if c.value_embeds == "alternate":
+        return tuple(i for i in range(L) if i % 2 == (L - 1) % 2)
+    if c.value_embeds == "ends":
+        return tuple(sorted({0, L - 1}))
+    return ()
+
+
+class Smear(nn.Module):
+    """x_t + λ·σ(x_t[:12]·w)·x_{t-1}: each token takes in a gated share of the previous
+    token's embedding (nanochat's smear; bigram information before any attention). λ starts
+    at 0, so the model starts without it. A text's first token (position 0) has none.
+
+    prev_BTD is x shifted by one position: the previous token's embedding at every t (what
+    row t-1 of x is in training; in cached decoding the first new token's comes from the
+    cache, `smear_cache`)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, prev_BTD, positions_BT):
+        c = self.config
+        w_C1 = self.param("gate", _logical(_small_positive, ("embed", None)),
+                          (min(GATE_CHANNELS, c.d_model), 1), jnp.float32)
+        gain = self.param("gain", _logical(nn.initializers.zeros, (None,)), (1,), jnp.float32)
+        gate_BT1 = gain * jax.nn.sigmoid(x_BTD[..., :GATE_CHANNELS].astype(jnp.float32) @ w_C1)
+        gate_BT1 = jnp.where(positions_BT[..., None] > 0, gate_BT1, 0.0)
+        return x_BTD + (gate_BT1 * prev_BTD).astype(x_BTD.dtype)
+
+
+def smear_cache(x_BTD, cache_x, slot, start_B):
+    """Cached decoding's smear: (the previous token's embedding at each new position, the
+    cache's smear array with the new embeddings written). The array, [B·G, S, D/G], holds
+    the embedding of every slot in the K/V caches' layout (kvcache.py), so slicing rows,
+    prefixes and shardings treat it as one more cache array."""
+    B, T, D = x_BTD.shape
+    G = cache_x.shape[0] // B
+    S = cache_x.shape[1]
+    x_BGTC = x_BTD.reshape(B, T, G, D // G).transpose(0, 2, 1, 3)
+    cache_x = kvcache.write({"k": cache_x, "v": cache_x}, x_BGTC, x_BGTC, slot)["k"]
+    before = (jnp.asarray(slot) - 1) % S  # the slot before the first new token (a ring)
+    rows_BGSC = kvcache.read({"k": cache_x, "v": cache_x}, B)[0]
+    if jnp.ndim(before) == 0:
+        prev_BGC = jax.lax.dynamic_index_in_dim(rows_BGSC, before, axis=2, keepdims=False)
+    else:
+        prev_BGC = rows_BGSC[jnp.arange(B), :, before]
+    prev_B1D = prev_BGC.reshape(B, 1, D).astype(x_BTD.dtype)
+    del start_B  # the first real token is at position 0: Smear masks it by position
+    return jnp.concatenate([prev_B1D, x_BTD[:, :-1]], axis=1), cache_x
+
+
+class _Gain(nn.Module):
+    """Learned scalars under the leaf name `gain` (not decayed: optimizer.NOT_DECAYED),
+    starting at `init` (a number, or nested tuples of them: the shape too)."""
+
+    init: float | tuple
+
+    @nn.compact
+    def __call__(self, *_):
+        start = jnp.atleast_1d(jnp.asarray(self.init, jnp.float32))
+        return self.param("gain", _logical(lambda *_: start, (None,) * start.ndim), start.shape,
+                          jnp.float32)
+
+
+def _residual_gains(c: ModelConfig):
+    """model.x0_lambdas' learned [2, L] gains: row 0 scales the residual stream entering
+    block i (r_i, from 1.15 down to 1.05), row 1 adds back the embedding x0 (a_i, from 0.2
+    down to 0.05): nanochat's initial values, more of x0 early, less later."""
+    depth = [i / max(c.n_layers - 1, 1) for i in range(c.n_layers)]
+    return _Gain((tuple(1.15 - 0.10 * d for d in depth), tuple(0.20 - 0.15 * d for d in depth)),
+                 name="residual_gains")
 
 
 class GPT(nn.Module):
@@ -269,19 +366,24 @@ class GPT(nn.Module):
             x_BTD = x_BTD + jnp.take(pos_embed, positions_BT, axis=0).astype(c.dtype)
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
 
+        ve = self._value_embeds(tokens_BT)  # {block: [B, T, G, K]}, model.value_embeds
         if cache is None:
             mask = attention.causal_mask(T, c.sliding_window)
-            x_BTD = self._blocks(x_BTD, mask, positions_BT)
+            if c.smear:  # row t-1 of x is token t's previous one (row 0: none, masked)
+                prev_BTD = jnp.pad(x_BTD[:, :-1], ((0, 0), (1, 0), (0, 0)))
+                x_BTD = Smear(c, name="smear")(x_BTD, prev_BTD, positions_BT)
+            x_BTD = self._blocks(x_BTD, mask, positions_BT, ve)
             new_cache = None
         else:
             S = cache[0]["k"].shape[1]  # the slots held: max_seq_len, or the first S of them
             mask = attention.cache_mask(start_B, index, T, S, c.sliding_window, c.max_seq_len)
             slot = index % c.max_seq_len  # a ring once generation outgrows the context
-            new_cache = []
-            for i, layer_cache in enumerate(cache):
-                x_BTD, layer_cache = Block(c, name=f"block_{i}")(x_BTD, mask, positions_BT,
-                                                                 layer_cache, slot)
-                new_cache.append(layer_cache)
+            if c.smear:
+                prev_BTD, smeared = smear_cache(x_BTD, cache[0]["x"], slot, start_B)
+                x_BTD = Smear(c, name="smear")(x_BTD, prev_BTD, positions_BT)
+            x_BTD, new_cache = self._unrolled(Block, x_BTD, mask, positions_BT, ve, cache, slot)
+            if c.smear:
+                new_cache[0] = {**new_cache[0], "x": smeared}
 
         # Post-norm blocks already end in a norm; pre-norm leaves the residual stream raw.
         h_BTD = _norm(c, "ln_final")(x_BTD) if c.norm_placement == "pre" else x_BTD
@@ -302,12 +404,48 @@ class GPT(nn.Module):
             logits_BTV = jnp.where(real_V, logits_BTV, -jnp.inf)
         return logits_BTV if cache is None else (logits_BTV, new_cache)
 
-    def _blocks(self, x_BTD, mask, positions_BT):
+    def _value_embeds(self, tokens_BT):
+        """Each value-embedding block's table looked up: {block: [B, T, G, K]}."""
+        c = self.config
+        if c.value_embeds != "none" and c.scan_layers:
+            raise ValueError("model.value_embeds needs model.scan_layers=False")
+        out = {}
+        for i in value_embed_layers(c):
+            table = nn.Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=c.dtype,
+                             param_dtype=c.param_dtype, name=f"value_embed_{i}",
+                             embedding_init=_logical(nn.initializers.normal(INIT_STD),
+                                                     ("vocab", "embed")))
+            B, T = tokens_BT.shape
+            out[i] = table(tokens_BT).reshape(B, T, c.kv_heads, c.head_dim)
+        return out
+
+    def _unrolled(self, block, x_BTD, mask, positions_BT, ve, cache=None, slot=None):
+        """The blocks one by one (with `cache`: each its own layer's), backout at the end."""
+        c = self.config
+        new_cache, x_mid_BTD, x0_BTD = [], None, x_BTD
+        gains_2L = _residual_gains(c)() if c.x0_lambdas else None
+        for i in range(c.n_layers):
+            if gains_2L is not None:  # x = r_i·x + a_i·x0 (nanochat; modded-nanogpt)
+                x_BTD = (gains_2L[0, i] * x_BTD + gains_2L[1, i] * x0_BTD).astype(x_BTD.dtype)
+            layer = None if cache is None else {"k": cache[i]["k"], "v": cache[i]["v"]}
+            x_BTD, layer = block(c, name=f"block_{i}")(x_BTD, mask, positions_BT, layer, slot,
+                                                       ve.get(i))
+            new_cache.append(layer)
+            if i == c.n_layers // 2:
+                x_mid_BTD = x_BTD
+        if c.backout:  # nanochat: the early layers' features taken back out before the head
+            x_BTD = x_BTD - (_Gain(0.2, name="backout")() * x_mid_BTD).astype(x_BTD.dtype)
+        return x_BTD, new_cache
+
+    def _blocks(self, x_BTD, mask, positions_BT, ve=None):
         c = self.config
         block = Block
         if c.remat != "none":
             block = nn.remat(Block, policy=_REMAT_POLICY[c.remat], prevent_cse=not c.scan_layers)
         if c.scan_layers:
+            if c.backout or c.x0_lambdas:
+                raise ValueError("model.backout and model.x0_lambdas need model.scan_layers="
+                                 "False")
             # One block body, its parameters stacked along a leading `layers` axis.
             stack = nn.scan(block, length=c.n_layers,
                             variable_axes={"params": 0, "intermediates": 0},
@@ -315,9 +453,7 @@ class GPT(nn.Module):
                             metadata_params={nn.PARTITION_NAME: "layers"})
             x_BTD, _ = stack(c, name="blocks")(x_BTD, mask, positions_BT)
             return x_BTD
-        for i in range(c.n_layers):
-            x_BTD, _ = block(c, name=f"block_{i}")(x_BTD, mask, positions_BT)
-        return x_BTD
+        return self._unrolled(block, x_BTD, mask, positions_BT, ve or {})[0]
 
 
 def init_params(config: ModelConfig, key: jax.Array):

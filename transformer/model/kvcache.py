@@ -39,11 +39,16 @@ AXES = ("cache_batch", "cache_heads", "cache_length", "cache_head_dim")
 
 
 def init_cache(batch: int, n_layers: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
-               dtype=jnp.float32) -> list[dict]:
-    """An empty cache: a list over layers of {'k': [B·G, S, K], 'v': [B·G, S, K]} zeros."""
+               dtype=jnp.float32, smear_dim: int = 0) -> list[dict]:
+    """An empty cache: a list over layers of {'k': [B·G, S, K], 'v': [B·G, S, K]} zeros.
+    `smear_dim` = D (model.smear): layer 0 also holds 'x', [B·G, S, D/G], every slot's token
+    embedding in the same layout (the smear reads the previous token's: gpt.smear_cache)."""
     shape = (batch * n_kv_heads, max_seq_len, head_dim)
-    return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-            for _ in range(n_layers)]
+    cache = [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+             for _ in range(n_layers)]
+    if smear_dim:
+        cache[0]["x"] = jnp.zeros(shape[:2] + (smear_dim // n_kv_heads,), dtype)
+    return cache
 
 
 def row_spec(rules=None) -> P:

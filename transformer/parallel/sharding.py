@@ -278,7 +278,10 @@ def cache_shardings(model_config: ModelConfig, mesh: Mesh, rules) -> list[dict]:
     axis is split over the mesh axes of both `cache_batch` and `cache_heads` (batch-major,
     as the rows are laid out), the rest as their logical names say."""
     sharding = NamedSharding(mesh, kvcache.row_spec(rules))
-    return [{"k": sharding, "v": sharding} for _ in range(model_config.n_layers)]
+    out = [{"k": sharding, "v": sharding} for _ in range(model_config.n_layers)]
+    if model_config.smear:  # the smear's embeddings, in the same layout (kvcache.init_cache)
+        out[0]["x"] = sharding
+    return out
 
 
 def put_replicated(x, mesh: Mesh):

@@ -144,12 +144,13 @@ def orthogonalize(tree, dims_tree, coeffs, ns_steps: int, eps: float = 1e-8, dty
 
 def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
                   eps: float = 1e-8, ns_dtype=None,
-                  ns_coeffs: str = "quintic") -> optax.GradientTransformation:
+                  ns_coeffs: str = "quintic", row_eq: bool = False) -> optax.GradientTransformation:
     """optax.contrib.scale_by_muon (its default coefficients and preconditioning), with the
     orthogonalisation batched by `orthogonalize`; `dims_fn(updates)` gives each leaf's
     MuonDimensionNumbers, `ns_dtype` the Newton-Schulz matmuls' input dtype (None: the
     updates'), `ns_coeffs` the iteration's coefficients (`coefficients`). The state is
-    optax's either way (Polar Express's table is a constant, not state)."""
+    optax's either way (Polar Express's table is a constant, not state). `row_eq`: MuonEq
+    (`equilibrate_rows`) on the momentum before it is orthogonalised."""
     reference = _optax_scale_by_muon(beta=beta, nesterov=nesterov, ns_steps=ns_steps, eps=eps,
                                      weight_dimension_numbers=dims_fn)
 
@@ -165,9 +166,82 @@ def scale_by_muon(beta: float, ns_steps: int, dims_fn, nesterov: bool = True,
                 optax.tree.bias_correction(updates, beta, count))
         else:
             mu_hat = optax.tree.bias_correction(mu, beta, count)
+        if row_eq:
+            mu_hat = jax.tree.map(equilibrate_rows, mu_hat, dims_fn(updates))
         updates = orthogonalize(mu_hat, dims_fn(updates),
                                 coefficients(ns_coeffs, state.ns_coeffs, ns_steps), ns_steps,
                                 eps, ns_dtype)
         return updates, MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(reference.init, update)
+
+
+# nanochat's additions to Muon (its optim.py), each off by default (train.muon_eq,
+# train.muon_normuon_beta2, train.muon_cautious_wd; docs/speedrun.md screens them).
+
+def equilibrate_rows(x, dims: MuonDimensionNumbers, eps: float = 1e-6):
+    """MuonEq: every output neuron's weights (its row of the fan_out x fan_in matrix, a
+    slice along the reduction axes) rescaled to the matrix's mean row norm ‖X‖_F / √fan_out,
+    so the spectrum the orthogonalisation starts from is better conditioned. Matrices of a
+    stack (the batch axes) each keep their own norm."""
+    batch, reduction, output = _axes(x, dims)
+    fan_out = math.prod(x.shape[a] for a in output)
+    x32 = x.astype(jnp.float32)
+    row = jnp.sqrt(jnp.sum(jnp.square(x32), axis=reduction, keepdims=True))
+    target = jnp.sqrt(jnp.sum(jnp.square(x32), axis=reduction + output, keepdims=True) / fan_out)
+    return (x32 * (target / jnp.maximum(row, eps))).astype(x.dtype)
+
+
+def _normuon_view(x, dims):
+    """x as [n, R, C] (R <= C, `_to_matrices`) and its inverse: NorMuon keeps one second
+    moment per column, the longer side (per output neuron for a square matrix: nanochat's)."""
+    return _to_matrices(x, dims)
+
+
+def scale_by_normuon(beta2: float, dims_fn, eps: float = 1e-10) -> optax.GradientTransformation:
+    """NorMuon (Li et al. 2025, arXiv 2510.05491) as nanochat applies it to an orthogonalised
+    update U ([n, R, C], R <= C): v ← β2·v + (1-β2)·mean_R(U²) per column, U' = U / √v, then
+    U' rescaled to U's Frobenius norm, so only the split of the step between neurons changes,
+    never its size. v starts at 0 (the first step's v is (1-β2)·mean_R(U²), and the rescale
+    makes its scale irrelevant)."""
+
+    def init(params):
+        dims = dims_fn(params)
+        return jax.tree.map(
+            lambda p, d: jnp.zeros(_normuon_view(p, d)[0].shape[:1] + (1,) +
+                                   _normuon_view(p, d)[0].shape[2:], jnp.float32),
+            params, dims)
+
+    def update(updates, state, params=None):
+        del params
+        dims = dims_fn(updates)
+
+        def one(u, v, d):
+            m, back = _normuon_view(u, d)
+            m32 = m.astype(jnp.float32)
+            v = beta2 * v + (1 - beta2) * jnp.mean(jnp.square(m32), axis=1, keepdims=True)
+            scaled = m32 * jax.lax.rsqrt(jnp.maximum(v, eps))
+            norm = lambda a: jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2), keepdims=True))  # noqa: E731
+            scaled = scaled * (norm(m32) / jnp.maximum(norm(scaled), eps))
+            return back(scaled.astype(u.dtype)), v
+
+        pairs = jax.tree.map(one, updates, state, dims)
+        outer = jax.tree.structure(updates)
+        new_updates, new_state = jax.tree.transpose(outer, jax.tree.structure((0, 0)), pairs)
+        return new_updates, new_state
+
+    return optax.GradientTransformation(init, update)
+
+
+def add_cautious_decayed_weights(weight_decay: float) -> optax.GradientTransformation:
+    """Cautious weight decay (nanochat's Muon): u + wd·p only where u·p >= 0, that is where
+    the step -lr·u already moves the weight towards 0; elsewhere the update alone."""
+
+    def update(updates, state, params):
+        decayed = jax.tree.map(
+            lambda u, p: u + weight_decay * jnp.where(u * p >= 0, p, 0).astype(u.dtype),
+            updates, params)
+        return decayed, state
+
+    # optax.add_decayed_weights' (empty) state: a checkpoint loads with either decay.
+    return optax.GradientTransformation(optax.add_decayed_weights(weight_decay).init, update)

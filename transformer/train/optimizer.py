@@ -68,7 +68,9 @@ from transformer.config.fields import DECAY_SHAPES, SCHEDULES  # noqa: F401 - th
 from transformer.train import muon, width_lr
 
 DECAYED = ("kernel", "embedding", "pos_embed")
-NOT_DECAYED = ("scale", "bias")
+# gain: a learned scalar (the smear's, backout's); gate: the smear's and value embeddings'
+# gate weights (nanochat decays neither).
+NOT_DECAYED = ("scale", "bias", "gain", "gate")
 
 
 def decays(path) -> bool:
@@ -173,18 +175,32 @@ def _muon(t) -> optax.GradientTransformation:
     def dims(updates):  # the partitioned tree: MaskedNode (an empty node) where AdamW trains
         return jax.tree_util.tree_map_with_path(lambda path, _: muon_dims(path), updates)
 
-    return optax.chain(
-        muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
-                           ns_dtype=jnp.dtype(_ns_dtype(t)), ns_coeffs=t.muon_ns_coeffs),
-        _scale_by_width(dims),
-        optax.add_decayed_weights(t.muon_weight_decay),
-        optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
+    steps = [muon.scale_by_muon(beta=t.muon_momentum, ns_steps=t.muon_ns_steps, dims_fn=dims,
+                                ns_dtype=jnp.dtype(_ns_dtype(t)), ns_coeffs=t.muon_ns_coeffs,
+                                row_eq=t.muon_eq)]
+    if t.muon_normuon_beta2:  # NorMuon: per-neuron step sizes (muon.scale_by_normuon)
+        steps.append(muon.scale_by_normuon(t.muon_normuon_beta2, dims))
+    decay = (muon.add_cautious_decayed_weights if t.muon_cautious_wd
+             else optax.add_decayed_weights)(t.muon_weight_decay)
+    return optax.chain(*steps, _scale_by_width(dims), decay,
+                       optax.scale_by_learning_rate(learning_rate(t, t.muon_lr)))
 
 
 def _ns_dtype(t) -> str:
     """train.muon_ns_dtype; `auto` left unresolved (a config that did not pass through
     start.concrete, which makes it the model's matmul dtype) is float32."""
     return "float32" if t.muon_ns_dtype == "auto" else t.muon_ns_dtype
+
+
+def _group(path, muon_on: bool, value_embed_group: bool) -> str:
+    """Which optimizer trains the parameter at `path`: muon (the hidden matrices, under
+    train.optimizer=muon), value_embed (model.value_embeds' tables, with train.value_embed_lr)
+    or adamw (everything else)."""
+    if muon_on and muon_dims(path) is not None:
+        return "muon"
+    if value_embed_group and str(getattr(path[0], "key", path[0])).startswith("value_embed_"):
+        return "value_embed"
+    return "adamw"
 
 
 def make_optimizer(t, d_model: int = 0) -> optax.GradientTransformation:
@@ -198,10 +214,18 @@ def make_optimizer(t, d_model: int = 0) -> optax.GradientTransformation:
         if d_model <= 0:
             raise ValueError("train.lr_base_width needs the model's d_model")
         adamw = width_lr.scale_hidden_matrices(adamw, width_lr.multiplier(t, d_model))
+    groups = {"adamw": adamw}
     if t.optimizer == "muon":
+        groups["muon"] = _muon(t)
+    if t.value_embed_lr:  # model.value_embeds' tables at a rate of their own (nanochat's)
+        groups["value_embed"] = optax.adamw(learning_rate(t, t.value_embed_lr), b1=t.b1,
+                                            b2=t.b2, weight_decay=t.weight_decay,
+                                            mask=decay_mask)
+    if len(groups) > 1:
+        muon_on = t.optimizer == "muon"
         labels = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
-            lambda path, _: "adamw" if muon_dims(path) is None else "muon", params)
-        adamw = optax.partition({"muon": _muon(t), "adamw": adamw}, labels)
+            lambda path, _: _group(path, muon_on, bool(t.value_embed_lr)), params)
+        adamw = optax.partition(groups, labels)
     if t.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw)
     return adamw
