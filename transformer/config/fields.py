@@ -281,7 +281,7 @@ _TRAIN = [
        ("quintic", "polar_express")),
     # bfloat16 halves the Newton-Schulz matmuls' cost where the CPU multiplies bf16 natively
     # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower. auto:
-    # the model's matmul input dtype (start.concrete; the quick start's val loss was the
+    # the model's matmul input dtype (train/resolve.py; the quick start's val loss was the
     # same to 1e-4 either way on two seeds, docs/speedrun.md row 10).
     _f("train.muon_ns_dtype", "auto", "optimizer=muon: the Newton-Schulz matmuls' input "
        "dtype (float32 accumulation and iterate either way; muon.py); auto: bfloat16 where the "
