@@ -254,7 +254,8 @@ def test_a_planted_index_error_is_caught(tmp_path):
     (tmp_path / "a.py").write_text("")
     (tmp_path / "b.py").write_text("")
     (tmp_path / "sub").mkdir()
-    doc = "The room.\n\n    a.py, b.py    two modules\n    sub/    a folder\n\n    python -m x  usage\n"
+    doc = ("The room.\n\n    a.py, b.py    two modules\n    sub/    a folder\n\n"
+           "    python -m x  usage\n")
     assert index_errors(doc, tmp_path) == []
     (tmp_path / "c.py").write_text("")
     assert index_errors(doc, tmp_path) == [f"{tmp_path.name}: c.py is not listed"]

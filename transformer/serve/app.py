@@ -9,10 +9,14 @@
                                "query": i} -> token i's attention row in every layer and head
                                and the likeliest tokens after it
 
-A request's handler checks it (OpenAI's error JSON on anything refused), queues its work
-(engine.py), and waits without holding the event loop: reading the JSON, checking it and
-tokenizing run on a thread, so a 5 MB prompt delays nobody else. A client that disconnects
-cancels its job: a queued one never runs, a running one stops at its next streamed chunk.
+Each route is a named handler (`completions`, `chat_completions`, `inspect`, `models`,
+`health`, `page`) over one `AppState` (the engine, the model's id, the limits, the admission
+count: `app.state.served`), so a route reads, and can be tested, alone; `create_app` only
+builds the state. A request's handler checks it (OpenAI's error JSON on anything refused),
+queues its work (engine.py), and waits without holding the event loop: reading the JSON,
+checking it and tokenizing run on a thread, so a 5 MB prompt delays nobody else. A client
+that disconnects cancels its job: a queued one never runs, a running one stops at its next
+streamed chunk.
 
 What one client can cost is bounded: a body over `max_body` bytes is refused (413), and at
 most `max_queue` requests are in the server at once, queued or running (429 past that).
