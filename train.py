@@ -187,11 +187,10 @@ def _trained_with(workdir) -> str | None:
     the config file that run was trained with (saved in its meta), plus an override per field
     that differs (free fields aside). None when no checkpoint's meta can be read (all
     damaged)."""
-    import importlib.util
     import shlex
 
     from transformer import checkpoint
-    from transformer.config import resume
+    from transformer.config import files, resume
 
     ckpts = checkpoint.Checkpoints(workdir, read_only=True)
     meta = None
@@ -210,12 +209,9 @@ def _trained_with(workdir) -> str | None:
         return ("a config file its checkpoint does not name (saved before checkpoints named "
                 "it): pass that file as --config")
     name = meta["config_file"]
-    path = Path(name) if Path(name).is_file() else _HERE / name
+    path = Path(name).resolve() if Path(name).is_file() else _HERE / name
     try:
-        spec = importlib.util.spec_from_file_location("_trained_config", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        config = config_lib.to_dict(config_lib.validate(module.get_config()))
+        config = config_lib.to_dict(config_lib.validate(files.load(path)))
     except Exception:  # noqa: BLE001 -- gone or changed past loading: say so, not why
         return f"--config={name}, which no longer loads"
     diffs = {k: old for k, (old, _) in resume.differences(meta["config"], config).items()

@@ -28,7 +28,8 @@ from transformer import host  # reads the machine's files only: no JAX starts he
 # TRANSFORMER_TEST_FULL_OPT=1 runs the suite at XLA's default level; on a machine with a GPU or
 # TPU and its plugin (python -m transformer device_check) it always does. A plugin alone is no
 # accelerator: the test extra installs libtpu to compile for TPU topologies on a CPU
-# (tests/test_compile.py), and such a machine keeps the fast flags.
+# (tests/test_compile.py), and such a machine keeps the fast flags. Only the flags the
+# installed jaxlib knows are passed (known_fast_compile_flags below): a newer XLA drops some.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
                       " --xla_cpu_use_fusion_emitters=false"
                       " --xla_cpu_parallel_codegen_split_count=1")
@@ -47,10 +48,43 @@ def _accelerator_here() -> bool:
 if not _DEVICE_FILES:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+
+
+def _xla_accepts(flags: str) -> subprocess.Popen:
+    """A child that starts JAX's CPU backend with `flags`: it exits 0 iff XLA knows them all."""
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def known_fast_compile_flags() -> str:
+    """FAST_COMPILE_FLAGS less those this jaxlib does not know. XLA aborts the process at
+    backend start on an unknown flag ("Unknown flag in XLA_FLAGS": jaxlib 0.12 dropped
+    --xla_cpu_use_fusion_emitters), so they are tried in child processes, once per jaxlib
+    version (the answer is kept in the temp folder; the session's workers inherit it)."""
+    import importlib.metadata
+    import tempfile
+    import zlib
+    version = importlib.metadata.version("jaxlib")
+    key = zlib.crc32(f"{sys.executable} {FAST_COMPILE_FLAGS}".encode())
+    kept = Path(tempfile.gettempdir()) / f"transformer-test-xla-flags-{version}-{key:08x}"
+    if kept.is_file():
+        return kept.read_text()
+    known = FAST_COMPILE_FLAGS
+    if _xla_accepts(known).wait() != 0:
+        each = [(flag, _xla_accepts(flag)) for flag in FAST_COMPILE_FLAGS.split()]
+        known = " ".join(flag for flag, child in each if child.wait() == 0)
+    with contextlib.suppress(OSError):
+        kept.write_text(known)
+    return known
+
+
+_FAST_SET = "TRANSFORMER_TEST_FAST_FLAGS"  # the flags this session added (its workers inherit)
 if not os.environ.get("TRANSFORMER_TEST_FULL_OPT") and not _accelerator_here():
-    flags = os.environ.get("XLA_FLAGS", "")
-    if FAST_COMPILE_FLAGS not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAGS}".strip()
+    if _FAST_SET not in os.environ:
+        os.environ[_FAST_SET] = known_fast_compile_flags()
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ[_FAST_SET]}"
+        os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].strip()
 
 # One core per xdist worker, jemalloc for the processes the session starts, a quieter cyclic
 # collector (tests/processes.py): the pinning before JAX starts its backend, which sizes

@@ -68,6 +68,10 @@ def run_command(argv: list[str]) -> None:
     elif argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         sys.path[0] = ""
+        if sys.version_info >= (3, 13):  # its tracebacks quote the -c source's lines
+            import linecache
+            linecache.cache["<string>"] = (len(argv[1]), None, argv[1].splitlines(True),
+                                           "<string>")
         exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__",
                                                      "__builtins__": __builtins__})
     else:

@@ -3,6 +3,7 @@ as any prepared folder is; the folder it makes is the one `prepare` makes of the
 
 import math
 import os
+import platform
 
 import numpy as np
 import pytest
@@ -208,7 +209,8 @@ def test_the_summary_and_a_batch_of_the_quick_start_corpus(own_cache):
     c = config_for("stdlib", max_bytes=200_000, seq_len=32)
     tok, source = data.load(c)
     line = data.describe(c, source)
-    assert line.startswith("Python standard library sources (0.20 MB of text from")
+    assert line.startswith(f"Python {platform.python_version()} standard library sources "
+                           "(0.20 MB of text from")
     assert "prepared just now" in line and str(own_cache / "prepared") in line
     assert "; val: the last 5.0% of the text (too few documents" in line  # 13 files, none held
     assert tok.vocab_size == 257

@@ -112,10 +112,10 @@ def test_every_shipped_config_starts_on_its_own_data(name, tmp_path, monkeypatch
     import importlib
 
     from transformer import data
-    from transformer.train import start
+    from transformer.train.resolve import resolve
     config = importlib.import_module(f"configs.{name}").get_config()
     config.data.max_bytes = min(config.data.max_bytes, 300_000)  # what is read, not the shape
     config = validate(config)
     tokenizer, _ = data.load(config)
-    resolved = start.derive(config, tokenizer)
+    resolved, _ = resolve(config, platform=None, tokenizer=tokenizer)
     assert resolved.model.vocab_size >= tokenizer.vocab_size

@@ -92,10 +92,10 @@ def test_the_reference_depth_gives_the_config_back_and_deriving_twice_changes_no
 
 
 def test_a_run_resolves_its_depth_once_where_it_resolves_its_config():
-    from transformer.train.start import concrete
+    from transformer.train.resolve import resolve
     c = _config("default.py")
     c.model.depth = 6
-    resolved, _ = concrete(validate(c))
+    resolved, _ = resolve(c)
     assert (resolved.model.n_layers, resolved.model.d_model, resolved.model.n_heads) == (6, 192, 6)
     assert c.model.d_model == 128  # the caller's config is left as it is
     assert ModelConfig.from_config(resolved).d_model == 192

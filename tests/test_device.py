@@ -15,7 +15,7 @@ from transformer.data import batches
 from transformer.model import attention
 from transformer.model.gpt import GPT, init_params
 from transformer.parallel import sharding
-from transformer.train.start import concrete
+from transformer.train.resolve import resolve
 from transformer.train.trainer import Trainer
 
 pytestmark = pytest.mark.device
@@ -95,7 +95,7 @@ def test_cudnn_attention_agrees_with_the_reference_or_is_refused_off_gpu():
     c.model.update(vocab_size=V, attention_kernel="cudnn", dtype="bfloat16")
     if jax.default_backend() != "gpu":
         with pytest.raises(ConfigError, match="model.attention_kernel=cudnn: .*GPU"):
-            concrete(c)
+            resolve(c)
         return
     config = ModelConfig(vocab_size=V, d_model=64, n_layers=2, n_heads=4, d_ff=128,
                          max_seq_len=64, dtype="bfloat16", matmul="plain")

@@ -8,7 +8,7 @@ import pytest
 from transformer import config as config_lib
 from transformer.config import ModelConfig, base_config, fields, resume
 from transformer.model import sizes
-from transformer.train import start
+from transformer.train.resolve import resolve
 
 
 def problems(table, model_config=ModelConfig, free=resume.FREE, fixed=resume.FIXED) -> list:
@@ -85,7 +85,7 @@ def test_derived_values_come_back_in_a_new_config():
     class Tok:
         vocab_size, kind = 65, "char"
     config = config_lib.validate(config_lib.replace(base_config(), **{"model.vocab_size": 0}))
-    resolved = start.derive(config, Tok())
+    resolved, _ = resolve(config, platform=None, tokenizer=Tok())
     assert (config.model.vocab_size, resolved.model.vocab_size) == (0, 65)
     assert sizes.model_config_of(config).vocab_size == 257 and config.model.vocab_size == 0
     synthetic = config_lib.replace(config, **{"data.corpus": "copy"})
@@ -125,7 +125,7 @@ def test_a_matmul_change_is_allowed_by_the_flags_docs_resume_names(optimizer):
     def resolved(matmul):
         c = config_lib.replace(base_config(), **{"model.matmul": matmul,
                                                  "train.optimizer": optimizer})
-        return config_lib.to_dict(start.concrete(config_lib.validate(c))[0])
+        return config_lib.to_dict(resolve(c)[0])
 
     changed = resume.differences(resolved("fast_bf16"), resolved("fast_f32"))
     if optimizer == "adamw":

@@ -73,8 +73,22 @@ def our_logits(mc, params, tokens):
     return np.asarray(forward(params, jnp.asarray(tokens)))
 
 
+def need_torch():
+    """torch, or this test skipped: the test extra installs it on Python 3.11 only (its Linux
+    wheels on PyPI are CUDA builds; docs/testing.md)."""
+    return pytest.importorskip("torch", reason="torch is not installed (the test extra has it "
+                               "on Python 3.11 only: docs/testing.md)")
+
+
+def hf_model(path):
+    """transformers' model of the folder at `path` (PyTorch: skipped without torch)."""
+    need_torch()
+    import transformers
+    return transformers.AutoModelForCausalLM.from_pretrained(path)
+
+
 def hf_logits(model, tokens):
-    import torch
+    torch = need_torch()
     with torch.no_grad():
         return model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
 
@@ -92,11 +106,10 @@ EXPORT_DEFAULT_RUN = ("gpt2_tied", "gpt2_scanned", "llama_gqa_untied", "qwen3_qk
                                   pytest.param(n, marks=pytest.mark.slow)
                                   for n in sorted(VARIANTS)])
 def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
-    import transformers
     mc = model_config(**VARIANTS[name])
     params = random_params(mc)
     out = export.write_folder(mc, params, tokenizers.ByteTokenizer(), tmp_path / "hf")
-    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    model = hf_model(out).eval()
     assert type(model).__name__ == CLASSES[name.split("_")[0]]
     x = tokens(mc)
     np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params, x), atol=TOL, rtol=0)
@@ -112,7 +125,7 @@ def test_export_loads_in_transformers_with_equal_logits(name, tmp_path):
 
 def hf_gpt2(tmp_path, tie=True, seed=0):
     """A random GPT2LMHeadModel saved locally, with its biases and norm gains randomised."""
-    import torch
+    torch = need_torch()
     import transformers
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=320, n_embd=32, n_layer=2, n_head=4, n_inner=48,
@@ -138,13 +151,12 @@ def test_imported_gpt2_gives_hf_logits(tie, tmp_path):
 
 def test_greedy_sample_equals_hf_generate(tmp_path):
     """sample.py --hf (temperature 0) and HF generate(do_sample=False): the same 100 tokens."""
-    import torch
-    import transformers
+    torch = need_torch()
     mc = model_config()
     out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
                               tmp_path / "hf")
     prompt = "def main():"
-    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    model = hf_model(out).eval()
     with torch.no_grad():
         ids = model.generate(torch.tensor([list(prompt.encode())]), do_sample=False,
                              max_new_tokens=100, min_new_tokens=100, pad_token_id=0)
@@ -237,7 +249,7 @@ def test_an_exported_end_of_text_token_ends_hf_generation_where_ours_ends(tmp_pa
     mc = model_config(vocab_size=257)
     out = export.write_folder(mc, init_params(mc, jax.random.key(0)), tok, tmp_path / "hf")
     assert transformers.AutoConfig.from_pretrained(out).eos_token_id == tok.eot == 256
-    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    model = hf_model(out)
     assert model.generation_config.eos_token_id == 256
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     assert theirs.eos_token == tokenizers.EOT and theirs.eos_token_id == 256
@@ -265,7 +277,6 @@ def run_config(**model):
 
 
 def test_export_cli_writes_a_loadable_folder(tmp_path):
-    import transformers
     config = run_config()
     mc = ModelConfig.from_config(config)
     params = random_params(mc)
@@ -273,7 +284,7 @@ def test_export_cli_writes_a_loadable_folder(tmp_path):
     result = run_cli("-m", "transformer", "export", f"--workdir={tmp_path / 'run'}",
                      f"--out={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model = hf_model(tmp_path / "hf").eval()
     x = tokens(mc)
     np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params, x), atol=TOL, rtol=0)
 
@@ -292,7 +303,6 @@ def test_export_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
     """As sample.py does: a damaged newest checkpoint (here its meta, which export reads
     first to refuse an unsupported model) is skipped with a warning, never a traceback;
     asked for by --step, it is one error line and nothing is written."""
-    import transformers
     config = run_config()
     mc = ModelConfig.from_config(config)
     params = {1: random_params(mc, seed=1), 2: random_params(mc, seed=2)}
@@ -308,7 +318,7 @@ def test_export_of_a_run_whose_newest_checkpoint_is_damaged_uses_the_one_before(
                      f"--out={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr
     assert "checkpoint 2" in result.stderr and "Traceback" not in result.stderr
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model = hf_model(tmp_path / "hf").eval()
     x = tokens(mc)
     np.testing.assert_allclose(hf_logits(model, x), our_logits(mc, params[1], x), atol=TOL,
                                rtol=0)
@@ -478,11 +488,10 @@ def test_padded_bias_free_and_zero_init_runs_export_with_equal_logits(fields, cl
     logits equal ours over them; GPT-2 without biases exports zero biases (the same numbers);
     zero-initialised output kernels need nothing (noise moved them here). Imported back, the
     folder gives the same logits again."""
-    import transformers
     mc = model_config(vocab_size=320, vocab_used=257, **fields)
     params = random_params(mc)
     out = export.write_folder(mc, params, tokenizers.ByteTokenizer(eot=True), tmp_path / "hf")
-    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    model = hf_model(out).eval()
     assert type(model).__name__ == cls and model.config.vocab_size == 257
     x = tokens(mc) % 257
     ours = our_logits(mc, params, x)
@@ -540,7 +549,6 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
     """vocab_size=0 with vocab_multiple=64: the run trains 320 rows for the byte tokenizer's
     257 ids, saves vocab_used=257, sample.py decodes from it (text only: a padding id has
     none), and export writes the 257 ids with logits equal to ours."""
-    import transformers
     config = run_config(vocab_size=0, vocab_multiple=64, max_seq_len=32)
     (tmp_path / "corpus.txt").write_text("def f(x):\n    return x + 1\n" * 300)
     config.data.update(corpus=str(tmp_path / "corpus.txt"))
@@ -554,7 +562,7 @@ def test_a_run_padded_by_vocab_multiple_samples_and_exports(tmp_path):
                      "--max_new_tokens=20", "--temperature=2", "--top_k=0", "--no_stream")
     assert result.returncode == 0, result.stderr
     out = export.export(tmp_path / "run", tmp_path / "hf")
-    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    model = hf_model(out).eval()
     assert model.config.vocab_size == 257
     mc = dataclasses.replace(saved.model_config, matmul="plain")
     x = tokens(mc, T=20) % 257
@@ -567,14 +575,13 @@ def test_greedy_after_a_prompt_longer_than_half_the_context_equals_hf_generate(t
     context, so transformers sees every token. The bucket's padding filled the cache, so
     generation re-prefilled after the first token, dropping prompt tokens: the text differed
     from token 1."""
-    import torch
-    import transformers
+    torch = need_torch()
     mc = model_config()
     out = export.write_folder(mc, random_params(mc, scale=1.0), tokenizers.ByteTokenizer(),
                               tmp_path / "hf")
     prompt = [(7 * i + 3) % 256 for i in range(67)]
     assert decode.prompt_bucket(len(prompt), mc.max_seq_len) == mc.max_seq_len == 128
-    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    model = hf_model(out).eval()
     with torch.no_grad():
         ids = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20,
                              min_new_tokens=20, pad_token_id=0)
@@ -589,7 +596,7 @@ def test_greedy_sample_of_a_folder_whose_tokenizer_adds_a_bos_equals_hf_generate
     was left out (our tokenizer encodes text as text), and the greedy text differed."""
     import json
 
-    import torch
+    torch = need_torch()
     import transformers
     from tokenizers import processors
     bpe = tokenizers.BPETokenizer.train("hello world, the quick brown fox jumps\n" * 20, 300)

@@ -13,6 +13,7 @@ import is caught without running anything (test below).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,85 @@ def test_a_planted_cycle_is_caught():
     planted["transformer.model.flops"] = "from transformer.model import sizes\n" + \
         planted["transformer.model.flops"]
     assert cycles(planted, top_level_only=True)
+
+
+# ---------------------------------------------------------------- each room's index
+
+_INDEX_ENTRY = re.compile(r"^[A-Za-z_]\w*(\.py|/)$")
+
+
+def index_of(doc: str) -> set[str]:
+    """The modules and folders a room's docstring lists: the first column of its indented
+    index lines (`    name.py[, other.py]   what it holds`); lines whose first column is not
+    such names (usage examples) are not index lines."""
+    names = set()
+    for line in doc.splitlines():
+        if not line.startswith("    ") or line.startswith("     "):
+            continue
+        column = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        entries = [e.strip() for e in column.split(",")]
+        if all(_INDEX_ENTRY.match(e) for e in entries):
+            names.update(entries)
+    return names
+
+
+def room_contents(folder: Path) -> set[str]:
+    """What a room holds: its modules (not __init__.py) and its folders (subpackages, data)."""
+    return ({p.name for p in folder.glob("*.py") if p.name != "__init__.py"} |
+            {f"{p.name}/" for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"})
+
+
+def index_errors(doc: str, folder: Path) -> list[str]:
+    listed, there = index_of(doc), room_contents(folder)
+    return ([f"{folder.name}: {n} is not listed" for n in sorted(there - listed)] +
+            [f"{folder.name}: {n} is listed but not there" for n in sorted(listed - there)])
+
+
+ROOMS = sorted(p.parent for p in PACKAGE.rglob("__init__.py")
+               if p.parent != PACKAGE and "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("folder", ROOMS, ids=[str(p.relative_to(PACKAGE)) for p in ROOMS])
+def test_each_room_index_names_exactly_its_modules(folder):
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    assert not index_errors(doc, folder), "\n".join(index_errors(doc, folder))
+
+
+def test_a_planted_index_error_is_caught(tmp_path):
+    """The checker works: a module the index misses and a listed module that is gone."""
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "b.py").write_text("")
+    (tmp_path / "sub").mkdir()
+    doc = ("The room.\n\n    a.py, b.py    two modules\n    sub/    a folder\n\n"
+           "    python -m x  usage\n")
+    assert index_errors(doc, tmp_path) == []
+    (tmp_path / "c.py").write_text("")
+    assert index_errors(doc, tmp_path) == [f"{tmp_path.name}: c.py is not listed"]
+    (tmp_path / "b.py").unlink()
+    assert index_errors(doc, tmp_path) == [f"{tmp_path.name}: c.py is not listed",
+                                           f"{tmp_path.name}: b.py is listed but not there"]
+
+
+# ---------------------------------------------------------------- functions short enough to read
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(sources: dict[str, str]) -> list[str]:
+    """'module:line name (N lines)' for every function (methods and nested ones too) longer
+    than MAX_FUNCTION_LINES, its docstring and decorators aside from the count's start."""
+    out = []
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    out.append(f"{module}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_no_function_is_longer_than_a_screenful_or_two():
+    assert not long_functions(SOURCES), "\n".join(long_functions(SOURCES))
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    planted = {"transformer.x": f"def f():\n{body}\n"}  # 101 lines
+    assert long_functions(planted) == [f"transformer.x:1 f ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import ROOT
 from transformer.data import prepare as prep
 
-TOOL = ROOT / "transformer" / "tools" / "nanochat_side_by_side.py"
+TOOL = ROOT / "transformer" / "lab" / "nanochat_side_by_side.py"
 
 
 @functools.cache
@@ -138,7 +138,8 @@ def test_a_summary_becomes_one_record_line(tmp_path):
     rec = _tool().as_record(s, [0, 1, 2], ["--nanochat=x"], 2, "nanochat in float32")
     records.append(tmp_path / "side_by_side.jsonl", rec)
     [back] = records.read(tmp_path / "side_by_side.jsonl")
-    assert back["seeds"] == [0, 1, 2] and back["machine"] == {"cpu": "a CPU", "cores": 2}
+    assert back["seeds"] == [0, 1, 2] and back["machine"] == {"cpu": "a CPU", "cores": 2,
+                                                               **records.versions()}
     assert back["result"]["ours_val_loss"] == 1.1643 and back["result"]["loss_ratio"] == 0.859
     assert back["result"]["nanochat_seed2"] == 1.3686 and back["result"]["sweep_x1"] == 1.36
     assert back["command"].endswith("--nanochat=x") and "float32" in back["note"]

@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 from transformer.data import prepare as prep
 from transformer.data import prepared
 
-TOOL = ROOT / "transformer" / "tools" / "nanogpt_side_by_side.py"
+TOOL = ROOT / "transformer" / "lab" / "nanogpt_side_by_side.py"
 
 
 @functools.cache

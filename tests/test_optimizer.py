@@ -483,16 +483,16 @@ def test_fewer_newton_schulz_steps_orthogonalise_less():
 ])
 def test_muon_ns_dtype_auto_follows_the_models_matmul_dtype(matmul, dtype, expected):
     from transformer.config import base_config
-    from transformer.train import start
+    from transformer.train.resolve import resolve
 
     c = base_config()
     c.model.update(matmul=matmul, dtype=dtype)
     c.train.optimizer = "muon"
     assert c.train.muon_ns_dtype == "auto"
-    resolved, _ = start.concrete(validate(c))
+    resolved, _ = resolve(c)
     assert resolved.train.muon_ns_dtype == expected
     c.train.muon_ns_dtype = "float32"  # a value given is kept
-    assert start.concrete(validate(c))[0].train.muon_ns_dtype == "float32"
+    assert resolve(c)[0].train.muon_ns_dtype == "float32"
 
 
 def test_polar_express_comes_closer_to_the_polar_factor_than_the_quintic_in_five_steps():

@@ -1,6 +1,8 @@
 """docs/records/: dated measurements as data, and docs/records.md rendered from them."""
 
+import importlib.metadata
 import json
+import platform
 
 import pytest
 
@@ -43,6 +45,9 @@ def test_append_writes_one_line_in_the_schema_and_refuses_others(tmp_path):
     lines = path.read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[0]) == rec
     assert list(rec) == list(records.KEYS) and rec["date"][:4].isdigit()
+    # the versions that made the figure: the quick start's text is this Python's library
+    assert rec["machine"]["python"] == platform.python_version()
+    assert rec["machine"]["jax"] == importlib.metadata.version("jax")
     for bad in ({**rec, "result": {"nested": {"a": 1}}}, {**rec, "date": "today"},
                 {k: v for k, v in rec.items() if k != "seeds"}):
         with pytest.raises(ValueError):

@@ -406,10 +406,11 @@ def _stub_training(monkeypatch, trained=lambda workdir: None) -> None:
     from types import SimpleNamespace
 
     from transformer.data import tokenizers
-    from transformer.train import start
+    from transformer.train.resolve import resolve
     monkeypatch.setattr("transformer.train.start.prepare", lambda config, workdir, **k: (
         SimpleNamespace(workdir=Path(workdir),
-                        config=start.derive(config, tokenizers.ByteTokenizer()))))
+                        config=resolve(config, platform=None,
+                                       tokenizer=tokenizers.ByteTokenizer())[0])))
     monkeypatch.setattr("transformer.train.run.train", lambda member, options: (
         trained(member.workdir), member.workdir.mkdir(parents=True, exist_ok=True)))
 

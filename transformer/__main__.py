@@ -26,7 +26,8 @@ import sys
 
 # command -> (module, one line for the list)
 COMMANDS = {
-    "fields": ("transformer.tools.fields", "every config field: default, allowed values, meaning"),
+    "fields": ("transformer.tools.fields", "every config field: base value, allowed values, "
+               "meaning"),
     "prepare": ("transformer.tools.prepare", "tokenize a corpus once into token shards"),
     "cache": ("transformer.tools.cache", "the data cache of corpora named directly: list, clear"),
     "sizes": ("transformer.tools.sizes", "parameters, FLOPs and memory of a config"),

@@ -47,6 +47,18 @@ def fail(message: str, status: int = 2):
     sys.exit(status)
 
 
+def argument_parser(**kwargs):
+    """An argparse parser whose mistakes end as every command's do: one `error:` line on
+    stderr, status 2 (argparse's own prints its usage first)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            fail(f"{message} (--help lists the arguments)")
+
+    return Parser(**kwargs)
+
+
 def check_utf8(flag: str, text: str) -> None:
     """Bytes that are not UTF-8 in an argument ($'\\xff', a lone surrogate's
     $'\\xed\\xa0\\x80') reach Python as surrogates that no tokenizer encodes: refused here,
@@ -126,6 +138,10 @@ def cpu_only_jax() -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+# The flags with which absl prints a usage and exits (-h is made --help first).
+HELP_FLAGS = ("--help", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def run(main) -> None:
     """Parses absl flags (including --config and --config.x.y overrides) and calls main(argv)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -133,8 +149,16 @@ def run(main) -> None:
     logging.set_verbosity(logging.ERROR)  # orbax and absl chatter; our own output is print()
     from absl import app  # app.run defines --help/--helpfull; we parse flags without it
     app.define_help_flags()
+    # -h is --help, as in every other command line (absl knows only --help and -?).
+    args = ["--help" if a == "-h" else a for a in sys.argv]
     try:
-        argv = flags.FLAGS(sys.argv)
+        argv = flags.FLAGS(args)
+    except SystemExit as e:
+        # absl prints the usage on stdout and exits 1 for --help; asking for help is no error.
+        if e.code == 1 and any(a in HELP_FLAGS for a in args[1:]):
+            sys.stdout.flush()
+            sys.exit(0)
+        raise
     except flags.Error as e:
         fail(_one_line(e))
     except (KeyError, AttributeError) as e:

@@ -1,6 +1,6 @@
 """The config room: every field declared once, the schema derived from it, the resume rules.
 
-    fields.py    each field once: default, allowed values, check, doc, resume rule
+    fields.py    each field once: base value, allowed values, check, doc, resume rule
     schema.py    base_config, validate (errors name the field and the fix), ModelConfig
     resume.py    which changes a resumed run accepts
     depth.py     model.depth: sizes, rates, batch and horizon derived from one number

@@ -8,8 +8,8 @@ decays are taken as tuned at its own depth L₀ = model.n_layers, and depth N sc
 the rules below (so `--config.model.depth=4` on the quick start, whose n_layers is 4, keeps its
 sizes, rates and batch; only the horizon follows the rule). A derived config is its own
 reference, so deriving twice changes nothing: a resumed run, or `sizes` on a saved config,
-derives the same values again. Derived here, once, where a run resolves its config
-(train/start.concrete, the `sizes` command, a scaling sweep's members): the model only
+derives the same values again. Derived where every tool resolves its config
+(train/resolve.py: a run's start, `sizes`, `compile`, a sweep's members): the model only
 ever sees explicit sizes.
 
 The rules (reference values with a 0; N the blocks' matrix parameters, D the token horizon,

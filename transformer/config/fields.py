@@ -1,10 +1,15 @@
-"""Every config field, declared once: name, default, allowed values or check, doc, resume rule.
+"""Every config field, declared once: name, base value, allowed values or check, doc, resume rule.
 
 `config.base_config()`, `config.validate`, `config.ModelConfig` and `resume.py`'s rules are all
 derived from `FIELDS`; a field added here is known everywhere, and `tests/test_fields.py`
 fails when a field is declared incompletely or named somewhere it is not declared.
 
-The type of a field is the type of its default (an int is accepted where a float is declared).
+Two words kept apart: a field's *base value* is what `base_config()` holds, the baseline every
+config file changes (GPT-2's block with AdamW); *the default* config is `configs/default.py`,
+the quick start (RoPE, RMSNorm, SwiGLU, Muon), which train.py runs when given no --config.
+
+The type of a field is the type of its base value (an int is accepted where a float is
+declared).
 `choices` lists the allowed values; `check` returns what is wrong with a value (a fix, as
 "must be ...") or None. Checks that involve several fields live in `config/schema.py`.
 
@@ -296,7 +301,7 @@ _TRAIN = [
        ("quintic", "polar_express")),
     # bfloat16 halves the Newton-Schulz matmuls' cost where the CPU multiplies bf16 natively
     # (AVX512_BF16, AMX); on AVX2-only CPUs it is converted in software and slower. auto:
-    # the model's matmul input dtype (start.concrete; the quick start's val loss was the
+    # the model's matmul input dtype (train/resolve.py; the quick start's val loss was the
     # same to 1e-4 either way on two seeds, docs/speedrun.md row 10).
     _f("train.muon_ns_dtype", "auto", "optimizer=muon: the Newton-Schulz matmuls' input "
        "dtype (float32 accumulation and iterate either way; muon.py); auto: bfloat16 where the "
@@ -390,7 +395,7 @@ _SAMPLE = [
 ]
 
 # GPT-2's block (Radford et al. 2019), every model field that says what the block computes:
-# what a GPT-2 checkpoint needs whatever the defaults above become (configs/gpt2.py,
+# what a GPT-2 checkpoint needs whatever the base values above become (configs/gpt2.py,
 # configs/gpt2_small.py, hf/mapping.py's import of a GPT-2 folder). The fields left out give
 # the shape or how the same arithmetic runs; tests/test_hf.py checks that split.
 GPT2_BLOCK = {"position": "learned", "norm": "layernorm", "norm_placement": "pre",

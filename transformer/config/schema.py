@@ -2,7 +2,7 @@
 
 Config files under `configs/` are data: each `get_config()` starts from `base_config()`
 and changes a few fields. Every field a run can use is declared once in `config/fields.py` with its
-default, type, allowed values, doc and resume rule; this module derives the defaults, the
+base value, type, allowed values, doc and resume rule; this module derives base_config(), the
 checks and the model's hashable config from that table, so an unknown key or a value of the
 wrong type is caught before anything runs, and every error names the field and the fix.
 
@@ -36,8 +36,8 @@ class ConfigError(ValueError):
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every field a run understands, with its default (fields.FIELDS). Config files override
-    these."""
+    """Every field a run understands, with its base value (fields.FIELDS: GPT-2's block with
+    AdamW, not configs/default.py's quick start). Config files override these."""
     c = ml_collections.ConfigDict()
     for field in fields.FIELDS:
         section = c

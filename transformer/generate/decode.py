@@ -76,12 +76,11 @@ from transformer import host
 from transformer.config import INT32_MAX, ModelConfig, check_sampling
 from transformer.generate import step
 from transformer.generate.interrupt import InterruptBetweenChunks
-from transformer.generate.step import keep_length, window_policy
+from transformer.generate.step import (MAX_SEED, MIN_BUCKET, PAD_ID, STREAM_EVERY, bucket,
+                                       keep_length, new_cache, prompt_bucket, window_policy)
 from transformer.model import flops, kernels, kvcache
 from transformer.parallel import sharding
 
-PAD_ID = 0
-MIN_BUCKET = 16
 # While the cache fills, a cache of up to this many slots is read whole: each shorter piece
 # is one more copy of the decode step to compile (for the quick start's 128-slot model, the
 # pieces of 32 and 64 slots cost ~1.4 s of its sample's ~4 s compile on a CPU), and what it
@@ -91,7 +90,6 @@ MIN_BUCKET = 16
 MIN_SEGMENT = 128
 
 
-MAX_SEED = INT32_MAX  # seeds of sample.py and the server alike: a JAX key holds 32 bits
 # What one call takes per row and token of its budget: the token (int32) and its key data
 # (2 x uint32), made before the loop, 12 bytes; the process's peak grew by 1.5-1.8x that
 # (1 row x 2**24 tokens, 8 rows x 2**22; 2-vCPU AMD EPYC Zen 5), so twice it is counted.
@@ -106,25 +104,13 @@ class PromptError(GenerationError):
     """A prompt that cannot be generated from (empty, or holding ids outside the vocabulary)."""
 
 
-def _bucket(n: int, cap: int | None = None) -> int:
-    bucket = MIN_BUCKET
-    while bucket < n:
-        bucket *= 2
-    return bucket if cap is None else min(bucket, cap)
-
-
 def _bucket_below(P: int) -> int:
     """The largest prompt bucket below P (0 below the first): a prompt that P holds is
     longer than it."""
-    below, bucket = 0, MIN_BUCKET
-    while bucket < P:
-        below, bucket = bucket, bucket * 2
+    below, size = 0, MIN_BUCKET
+    while size < P:
+        below, size = size, size * 2
     return below
-
-
-def prompt_bucket(longest: int, max_seq_len: int) -> int:
-    """The padded prompt length: the next power of two >= longest (at least 16), at most S."""
-    return _bucket(longest, max_seq_len)
 
 
 def token_budget(max_new_tokens: int, room: int | None = None) -> int:
@@ -132,7 +118,7 @@ def token_budget(max_new_tokens: int, room: int | None = None) -> int:
     `room` (the context's slots after the padded prompt, S - P) when the request fits there
     and that power of two does not: then the program has no window loop to compile (the
     cache cannot fill), e.g. the quick start's 100-token sample after a 16-slot prompt."""
-    budget = min(_bucket(max_new_tokens), INT32_MAX)  # the device counts steps in int32
+    budget = min(bucket(max_new_tokens), INT32_MAX)  # the device counts steps in int32
     if room is not None and max_new_tokens <= room < budget:
         return room
     return budget
@@ -150,7 +136,7 @@ def fill_segments(P: int, S: int, end: int | None = None) -> list[tuple[int, int
     end = S if end is None else min(S, -(-end // MIN_BUCKET) * MIN_BUCKET)
     out, slot = [], P
     while slot < end:
-        length = min(max(_bucket(slot + 1, S), MIN_SEGMENT), end)
+        length = min(max(bucket(slot + 1, S), MIN_SEGMENT), end)
         out.append((slot, length))
         slot = length
     return out
@@ -379,11 +365,9 @@ _continued = jax.jit(_continue_tokens, static_argnames=("config", "budget", "str
 CHUNK = 4096
 
 # Streaming: the compiled program calls `_deliver` with its stream id and the last
-# STREAM_EVERY tokens, every STREAM_EVERY tokens (a host call per token cost about as much
-# as the decode step itself on a busy CPU); `generate` registers the caller's function under
-# a fresh id for the length of one call. The id is a traced argument, so every streaming
-# call shares one compiled program.
-STREAM_EVERY = 16
+# STREAM_EVERY tokens (step.py), every STREAM_EVERY tokens; `generate` registers the caller's
+# function under a fresh id for the length of one call. The id is a traced argument, so every
+# streaming call shares one compiled program.
 _SINKS: dict[int, object] = {}
 _SINK_IDS = itertools.count(1)
 
@@ -473,13 +457,6 @@ def sharded_program(config: ModelConfig, budget: int, mesh, rules, batch: int):
                               config.d_model * config.smear)
     cache_fn = jax.jit(empty, out_shardings=cache_sh)
     return generate_fn, cache_fn, param_sh
-
-
-@functools.partial(jax.jit, static_argnames=("config", "batch"))
-def new_cache(*, config: ModelConfig, batch: int):
-    return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
-                              config.head_dim, jnp.dtype(config.dtype),
-                              config.d_model * config.smear)
 
 
 def new_caches(*, config: ModelConfig, batch: int, groups: int) -> list:
@@ -706,7 +683,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], *, max_new_t
 def _chunk(config: ModelConfig) -> int:
     """Tokens per device call of a long streamed generation: CHUNK, or the context if larger
     (the first call must fill the cache)."""
-    return max(CHUNK, _bucket(config.max_seq_len))
+    return max(CHUNK, bucket(config.max_seq_len))
 
 
 def _generate_chunks(config: ModelConfig, params, prompt_BP, start_B, key, knobs,

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import ModelConfig
-from transformer.generate.decode import PromptError, prompt_bucket
+from transformer.generate.decode import PromptError
+from transformer.generate.step import prompt_bucket
 from transformer.model import kernels
 from transformer.model.gpt import GPT, unstack_layers
 

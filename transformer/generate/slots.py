@@ -55,9 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import ModelConfig
-from transformer.generate import decode, step
+from transformer.generate import step
 
-CHUNK = decode.STREAM_EVERY  # tokens per device call: the streaming granularity of generate
+CHUNK = step.STREAM_EVERY  # tokens per device call: the streaming granularity of generate
 
 
 def _row_key(seed, choice, i):
@@ -128,7 +128,7 @@ class _Rows(NamedTuple):
 def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, temperature_B,
            top_k_B, top_p_B, eos_B, *, config: ModelConfig, steps: int):
     """`steps` decode steps for every row that can go. Returns (cache, rows, tokens_BK) with
-    tokens_BK[b, t] the row's t-th new token of this chunk (decode.PAD_ID where it made none)."""
+    tokens_BK[b, t] the row's t-th new token of this chunk (step.PAD_ID where it made none)."""
     B, S = start_B.shape[0], config.max_seq_len
     ring = step.window_policy(config) == "roll"
     # Every row's keys for the chunk's steps, before the loop (decode does the same: a
@@ -146,13 +146,13 @@ def _chunk(params, cache, rows: _Rows, start_B, seed_B, choice_B, limit_B, tempe
                                          keys_KB2[t], (temperature_B, top_k_B, top_p_B))
         token_B = jnp.where(go_B, token_B, rows.token)
         out_BK = jax.lax.dynamic_update_slice(
-            out_BK, jnp.where(go_B, token_B, decode.PAD_ID)[:, None], (0, t))
+            out_BK, jnp.where(go_B, token_B, step.PAD_ID)[:, None], (0, t))
         i_B = rows.i + go_B
         rows = _Rows(token_B, rows.index + go_B, i_B,
                      rows.live & ~(go_B & (token_B == eos_B)) & (i_B < limit_B))
         return cache, rows, out_BK
 
-    out_BK = jnp.full((B, steps), decode.PAD_ID, jnp.int32)
+    out_BK = jnp.full((B, steps), step.PAD_ID, jnp.int32)
     return jax.lax.fori_loop(0, steps, advance, (cache, rows, out_BK))
 
 
@@ -205,7 +205,7 @@ class Slots:
     def __init__(self, config: ModelConfig, params, max_batch: int, chunk: int = CHUNK):
         self.config, self.params = step.setup(config, params, max_batch)  # once
         self.B, self.S, self.chunk = max_batch, config.max_seq_len, chunk
-        self.cache = decode.new_cache(config=self.config, batch=max_batch)
+        self.cache = step.new_cache(config=self.config, batch=max_batch)
         self.token = np.zeros(max_batch, np.int32)
         self.index = np.zeros(max_batch, np.int32)
         self.i = np.zeros(max_batch, np.int32)
@@ -226,7 +226,7 @@ class Slots:
     # --- the programs ------------------------------------------------------------------------
     def buckets(self) -> list[int]:
         """The prefill lengths: every prompt bucket, and W (a re-prefill's length)."""
-        out, P = set(), decode.MIN_BUCKET
+        out, P = set(), step.MIN_BUCKET
         while True:
             out.add(min(P, self.S))
             if P >= self.S:
@@ -241,7 +241,7 @@ class Slots:
         re-prefill at every row bucket (on free rows, which do not advance), the latter also
         at every prompt bucket for rows admitted together (`admit_many`)."""
         for P in self.buckets():
-            self._run_prefill(0, [decode.PAD_ID] * P, 0, P - 1, 0, 0, 0, (0.0, 0, 1.0))
+            self._run_prefill(0, [step.PAD_ID] * P, 0, P - 1, 0, 0, 0, (0.0, 0, 1.0))
         self.live[:] = False
         for R in self.row_buckets:
             self._run_rows(np.arange(R))
@@ -249,7 +249,7 @@ class Slots:
             if step.window_policy(self.config) == "reprefill":
                 lengths.add(step.keep_length(self.S))
             for P in sorted(lengths):
-                self._run_reprefill([0] * R, [[decode.PAD_ID] * P] * R, [P - 1] * R)
+                self._run_reprefill([0] * R, [[step.PAD_ID] * P] * R, [P - 1] * R)
 
     def bucket(self, rows: int) -> int:
         """The smallest row bucket that holds `rows` rows."""
@@ -287,8 +287,8 @@ class Slots:
             # The prompt (its last S tokens) at slots 0 .. L-1 and its padding to the bucket
             # after it, as decode lays out a row alone: the padding takes no slot.
             prompt = [int(t) for t in list(prompt)[-self.S:]]
-            P = decode.prompt_bucket(len(prompt), self.S)
-            tokens = prompt + [decode.PAD_ID] * (P - len(prompt))
+            P = step.prompt_bucket(len(prompt), self.S)
+            tokens = prompt + [step.PAD_ID] * (P - len(prompt))
             self.slots[b] = _Slot(prompt)
             self.start[b], self.seed[b], self.choice[b] = 0, knobs["seed"], knobs["choice"]
             self.limit[b], self.eos[b] = knobs["limit"], knobs.get("eos", -1)
@@ -312,6 +312,13 @@ class Slots:
                 self.live[b] = token != self.eos[b] and self.limit[b] > 1
                 out[n] = token
         return out
+
+    def reset(self) -> None:
+        """Every row released and a new empty cache: after a failed device call, which may have
+        consumed the donated cache."""
+        for b in range(self.B):
+            self.release(b)
+        self.cache = step.new_cache(config=self.config, batch=self.B)
 
     def release(self, b: int) -> None:
         self.slots[b] = None
@@ -357,7 +364,7 @@ class Slots:
             need = np.flatnonzero(self.live & (self.index >= self.S)).tolist()
             if need:
                 reprefilled = self._reprefill(need)
-        out_BK = np.full((self.B, self.chunk), decode.PAD_ID, np.int32)
+        out_BK = np.full((self.B, self.chunk), step.PAD_ID, np.int32)
         live = np.flatnonzero(self.live)
         before_i, before_token = self.i.copy(), self.token.copy()
         if len(live):

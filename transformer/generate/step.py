@@ -26,15 +26,48 @@ positions from 0): decode.py's module doc says why each is exact or how it appro
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.config import INT32_MAX, ModelConfig
 from transformer.generate import sampling
-from transformer.model import kernels
+from transformer.model import kernels, kvcache
 from transformer.model.gpt import GPT, unstack_layers
+
+# What both drivers (and the server around slots.py) share: the id written where a row made
+# no token, the padded prompt lengths, the tokens per streamed chunk, the seeds, the cache.
+PAD_ID = 0
+MIN_BUCKET = 16  # the shortest padded prompt; prompts pad to powers of two from here
+# Tokens a compiled program hands the host at a time while it streams (decode.py's `_deliver`,
+# slots.py's chunk): a host call per token cost about as much as the decode step itself on a
+# busy CPU.
+STREAM_EVERY = 16
+MAX_SEED = INT32_MAX  # seeds of sample.py and the server alike: a JAX key holds 32 bits
+
+
+def bucket(n: int, cap: int | None = None) -> int:
+    """The next power of two >= n, at least MIN_BUCKET (at most `cap`)."""
+    size = MIN_BUCKET
+    while size < n:
+        size *= 2
+    return size if cap is None else min(size, cap)
+
+
+def prompt_bucket(longest: int, max_seq_len: int) -> int:
+    """The padded prompt length: the next power of two >= longest (at least 16), at most S."""
+    return bucket(longest, max_seq_len)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "batch"))
+def new_cache(*, config: ModelConfig, batch: int):
+    """An empty KV cache for `batch` rows of the model's whole context (with model.smear, each
+    slot's previous-token embedding beside layer 0's K/V)."""
+    return kvcache.init_cache(batch, config.n_layers, config.kv_heads, config.max_seq_len,
+                              config.head_dim, jnp.dtype(config.dtype),
+                              config.d_model * config.smear)
 
 
 def setup(config: ModelConfig, params, batch: int):

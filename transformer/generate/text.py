@@ -260,7 +260,7 @@ def sample_text(model_config: ModelConfig, params, tokenizer, prompt: str, *, nu
     TokenizerError for a prompt that cannot be used. `stop`: a string or a list of strings;
     each sample ends before the first match of any (OpenAI's `stop`). A single character that
     is one token (byte, char tokenizers) ends a row on the device; any other stop is checked
-    on the host as tokens stream out (every decode.STREAM_EVERY tokens), and the device stops
+    on the host as tokens stream out (every step.STREAM_EVERY tokens), and the device stops
     a row within that many tokens of its match (on a mesh, samples are only cut afterwards).
     `on_text(piece)`: called with sample 0's text as it is produced (one device only); it
     may return False to end every sample there (its reader went away: a closed pipe).

@@ -5,6 +5,6 @@
     load.py        read a Hugging Face folder on disk (weights, config, tokenizer)
     export.py      write a run as a folder transformers loads (`python -m transformer export`)
 
-May import: config/, model/, data/tokenizers, train/checkpoint (export restores a run).
+May import: config/, model/, data/tokenizers, checkpoint.py (export restores a run), cli.py.
 Never: scaling/, tools/ or the command lines.
 """

@@ -161,7 +161,7 @@ def _model_config_from_hf(cfg: dict, where: str) -> ModelConfig:
         if cfg.get("scale_attn_by_inverse_layer_idx") or not cfg.get("scale_attn_weights", True):
             refuse("scale_attn_by_inverse_layer_idx", "our attention scales by 1/sqrt(d_k) only")
         D = cfg.get("n_embd", 768)
-        # Every block field spelled out (GPT2_BLOCK), not left to the field defaults.
+        # Every block field spelled out (GPT2_BLOCK), not left to the base values.
         return ModelConfig(**{**GPT2_BLOCK, "tie_embeddings": tie,
                               "mlp": "relu" if act == "relu" else "gelu"},
                            vocab_size=cfg.get("vocab_size", 50257), d_model=D,

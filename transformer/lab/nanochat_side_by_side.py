@@ -210,11 +210,8 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
     """One nanochat run (in its own process: see `_run_nanochat`) on our prepared set: built,
     compiled and timed, trained for `budget_s` seconds, scored on our final evaluation's
     windows. Returns its figures."""
-    import gc
-
     import torch
     sys.path.insert(0, str(Path(nanochat).resolve()))
-    from nanochat.gpt import GPT, GPTConfig
 
     from transformer.data.prepared import PreparedSet
     torch.set_num_threads(threads)
@@ -222,6 +219,63 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
         _eager_optimizer()
     rules = base_train_defaults(Path(nanochat) / "scripts" / "base_train.py")
     source = PreparedSet(prepared, seq_len)
+    model, optimizer, rates = _nanochat_model(source, rules, seed, lr_multiplier,
+                                              batch_lr_scale, n_layers, d_model, seq_len,
+                                              batch_size)
+
+    def batch(i):
+        b = source.batch(seed, "train", i, batch_size)
+        return (torch.from_numpy(b["inputs"]).long(), torch.from_numpy(b["targets"]).long())
+
+    def step(net, it, n):
+        x, y = batch(it)
+        loss = net(x, y)
+        loss.backward()
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * lr_factor(it, n, rules)
+            if group["kind"] == "muon":
+                group["momentum"] = muon_momentum(it, n, rules)
+                group["weight_decay"] = rates["weight_decay"] * 0.5 * (1 + math.cos(
+                    math.pi * it / n))
+        optimizer.step()
+        model.zero_grad(set_to_none=True)
+        return loss.item()
+
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    net, note, compile_s = _compiled(model, optimizer, step, compile_model, initial)
+    threads, step_s, timed = _timed(net, step, threads)
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]  # a graph compiled later would be timed
+    n = max(1, int(budget_s / step_s))
+    print(f"nanochat seed {seed} x{lr_multiplier:g}: {step_s * 1e3:.1f} ms/step on {threads} "
+          f"thread(s) (" + ", ".join(f"{c}: {t * 1e3:.1f} ms" for c, t in timed.items())
+          + f"; compile {compile_s:.1f}s), {n} steps in {budget_s:.1f}s", flush=True)
+    model.load_state_dict(initial)  # the weights and optimizer state as before the timing
+    optimizer.state.clear()
+    model.zero_grad(set_to_none=True)
+    done, n, first_plan, loss, train_s = _train_within(net, step, n, budget_s)
+    if counters["stats"]["unique_graphs"] > graphs:
+        note = "; ".join(filter(None, [note, "recompiled while training: compile time counted"]))
+        print(f"note: {note}", flush=True)
+    windows = source.eval_windows(eval_tokens)
+    per_token = _val_loss(model, source, windows) / (len(windows) * seq_len)
+    counts = model.num_scaling_params()
+    return {"seed": seed, "lr_multiplier": lr_multiplier, "val_loss": per_token,
+            "nats_per_byte": per_token * nanogpt.tokens_per_byte(Path(prepared)),
+            "val_tokens": len(windows) * seq_len, "steps": done, "planned_steps": n,
+            "first_plan": first_plan,
+            "step_s": step_s, "threads": threads, "train_s": train_s, "compile_s": compile_s,
+            "last_train_loss": loss, "params": counts["total"],
+            "matmul_params": model.num_matmul_params(), "rates": rates,
+            "dtype": str(model.cos.dtype).removeprefix("torch."), "note": note}
+
+
+def _nanochat_model(source, rules, seed, lr_multiplier, batch_lr_scale, n_layers, d_model,
+                    seq_len, batch_size):
+    """(nanochat's GPT of our shape, initialised with `seed`; its optimizer at base_train's
+    rates times `lr_multiplier`; the rates)."""
+    import torch
+    from nanochat.gpt import GPT, GPTConfig
     vocab = int(source.manifest["tokenizer"]["vocab_size"])
 
     def meta_model(depth):
@@ -245,27 +299,13 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
     for group in optimizer.param_groups:
         group["lr"] *= lr_multiplier
         group["initial_lr"] = group["lr"]
+    return model, optimizer, rates
 
-    def batch(i):
-        b = source.batch(seed, "train", i, batch_size)
-        return (torch.from_numpy(b["inputs"]).long(), torch.from_numpy(b["targets"]).long())
 
-    def step(net, it, n):
-        x, y = batch(it)
-        loss = net(x, y)
-        loss.backward()
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * lr_factor(it, n, rules)
-            if group["kind"] == "muon":
-                group["momentum"] = muon_momentum(it, n, rules)
-                group["weight_decay"] = rates["weight_decay"] * 0.5 * (1 + math.cos(
-                    math.pi * it / n))
-        optimizer.step()
-        model.zero_grad(set_to_none=True)
-        return loss.item()
-
-    # Compile and time a few steps, then put the weights and optimizer state back as they were.
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
+def _compiled(model, optimizer, step, compile_model: bool, initial: dict):
+    """(the model to step: torch.compile's or the eager one, a note, compile seconds): a few
+    steps run to compile; a failed compile puts back the `initial` weights, eagerly."""
+    import torch
     net, note = model, ""
     began = time.perf_counter()
     if compile_model:
@@ -284,11 +324,15 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
     if net is model:
         for it in range(WARM_STEPS):
             step(net, it, 1000)
-    compile_s = time.perf_counter() - began
-    # Its threads: whichever of all our cores and one is faster here (torch's two threads on
-    # two vCPUs have measured slower than one at this size); then its step time at that count.
-    # A thread count is part of what inductor's kernels are compiled for: each count compiles
-    # its own graphs (hence the higher recompile limit) and warms up before it is timed.
+    return net, note, time.perf_counter() - began
+
+
+def _timed(net, step, threads: int) -> tuple[int, float, dict]:
+    """(the thread count, its step seconds, every count's): whichever of all our cores and one is faster here
+    (torch's two threads on two vCPUs have measured slower than one at this size). A thread
+    count is part of what inductor's kernels are compiled for: each count compiles its own
+    graphs (hence the higher recompile limit) and warms up before it is timed."""
+    import torch
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     timed, it = {}, WARM_STEPS
     for count in sorted({threads, 1}, reverse=True):
@@ -303,17 +347,13 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
         timed[count] = (time.perf_counter() - began) / MEASURE_STEPS
     threads = min(timed, key=timed.get)
     torch.set_num_threads(threads)
-    step_s = timed[threads]
-    model.load_state_dict(initial)
-    optimizer.state.clear()
-    model.zero_grad(set_to_none=True)
+    return threads, timed[threads], timed
 
-    from torch._dynamo.utils import counters
-    graphs = counters["stats"]["unique_graphs"]  # a graph compiled later would be timed
-    n = max(1, int(budget_s / step_s))
-    print(f"nanochat seed {seed} x{lr_multiplier:g}: {step_s * 1e3:.1f} ms/step on {threads} "
-          f"thread(s) (" + ", ".join(f"{c}: {t * 1e3:.1f} ms" for c, t in timed.items())
-          + f"; compile {compile_s:.1f}s), {n} steps in {budget_s:.1f}s", flush=True)
+
+def _train_within(net, step, n: int, budget_s: float):
+    """(steps done, steps planned, the first plan, the last train loss, seconds): `n` steps
+    planned, re-planned once on the loop's own step time, stopped at `budget_s`."""
+    import gc
     gc.collect()
     gc.freeze()
     gc.disable()  # as base_train does after its first step
@@ -326,11 +366,12 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
             n = done + max(1, int((budget_s - elapsed) * done / elapsed))
     train_s = time.perf_counter() - began
     gc.enable()
-    if counters["stats"]["unique_graphs"] > graphs:
-        note = "; ".join(filter(None, [note, "recompiled while training: compile time counted"]))
-        print(f"note: {note}", flush=True)
+    return done, n, first_plan, loss, train_s
 
-    windows = source.eval_windows(eval_tokens)
+
+def _val_loss(model, source, windows) -> float:
+    """The summed validation loss (nats) over our final evaluation's windows."""
+    import torch
     model.eval()
     total = 0.0
     with torch.no_grad():
@@ -338,16 +379,7 @@ def train_nanochat(nanochat: str, prepared: str, seed: int, lr_multiplier: float
             b = source.read_windows("val", windows[i:i + 64])
             total += model(torch.from_numpy(b["inputs"]).long(),
                            torch.from_numpy(b["targets"]).long(), loss_reduction="sum").item()
-    per_token = total / (len(windows) * seq_len)
-    counts = model.num_scaling_params()
-    return {"seed": seed, "lr_multiplier": lr_multiplier, "val_loss": per_token,
-            "nats_per_byte": per_token * nanogpt.tokens_per_byte(Path(prepared)),
-            "val_tokens": len(windows) * seq_len, "steps": done, "planned_steps": n,
-            "first_plan": first_plan,
-            "step_s": step_s, "threads": threads, "train_s": train_s, "compile_s": compile_s,
-            "last_train_loss": loss, "params": counts["total"],
-            "matmul_params": model.num_matmul_params(), "rates": rates,
-            "dtype": str(model.cos.dtype).removeprefix("torch."), "note": note}
+    return total
 
 
 _CHILD = ("import json, sys; from transformer.lab.nanochat_side_by_side import "

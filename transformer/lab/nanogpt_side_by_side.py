@@ -95,7 +95,7 @@ def torch_missing() -> str | None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        return "torch is not installed (pip install -e '.[test]')"
+        return "torch is not installed (pip install -e '.[bench]')"
     return None
 
 
@@ -144,10 +144,9 @@ def byte_set(ours_flags: list[str]) -> Path:
     """The quick start's text and split as byte tokens: configs/default.py's data fields with
     ours' `--config.data.*` overrides, `data.tokenizer=byte`, prepared by our cache (under
     TRANSFORMER_CACHE, which the caller points at the scratch folder)."""
-    from transformer import config as config_lib
     from transformer import data
-    from transformer.train import start
     from transformer.config.files import quick_start
+    from transformer.train.resolve import resolve
     config = quick_start()
     for flag in ours_flags:
         key, _, value = flag.removeprefix("--config.").partition("=")
@@ -155,7 +154,7 @@ def byte_set(ours_flags: list[str]) -> Path:
             field = key.removeprefix("data.")
             config.data[field] = type(config.data[field])(value)  # str, int or float fields
     config.data.tokenizer = "byte"
-    config, _ = start.concrete(config_lib.validate(config))
+    config, _ = resolve(config)
     _, source = data.load(config)
     return source.folder
 

@@ -5,7 +5,9 @@
 
 A record is one JSON object a line, one file per kind (quickstart, side_by_side, bench,
 suite, server, data, performance, scaling, speedrun, compile): `date`, `machine` (`cpu`,
-`cores`), `command`, `seeds`, `result` (the figures, a flat object) and `note`. The measuring
+`cores`, and from issue 57 on the `python` and `jax` versions that made the figure: the
+quick start's corpus is the running Python's standard library), `command`, `seeds`, `result`
+(the figures, a flat object) and `note`. The measuring
 tools append with `append` (their `--record=PATH` flag); nothing is edited by hand but the notes.
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -35,13 +39,29 @@ KINDS = {
                "docs/accelerators.md)",
 }
 KEYS = ("date", "machine", "command", "seeds", "result", "note")
+# What `machine` holds: rows written before issue 57 name only the CPU.
+MACHINE_KEYS = ({"cpu", "cores"}, {"cpu", "cores", "python", "jax"})
+
+
+def versions() -> dict:
+    """{"python", "jax"}: this process's, as a record's figures were made by it (or by children
+    started with its interpreter). The jax version is read from the installed package's
+    metadata, without importing it."""
+    try:
+        jax = importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        jax = "none"
+    return {"python": platform.python_version(), "jax": jax}
 
 
 def record(machine: dict, command: str, seeds: list, result: dict, note: str = "",
            date: str | None = None) -> dict:
-    """One record in the schema; the date defaults to now (UTC, to the minute)."""
+    """One record in the schema; the date defaults to now (UTC, to the minute); the machine's
+    Python and JAX versions are this process's unless `machine` names them."""
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    return {"date": date, "machine": {"cpu": machine["cpu"], "cores": machine["cores"]},
+    machine = {"cpu": machine["cpu"], "cores": machine["cores"],
+               **{k: machine.get(k, v) for k, v in versions().items()}}
+    return {"date": date, "machine": machine,
             "command": command, "seeds": list(seeds), "result": dict(result), "note": note}
 
 
@@ -62,8 +82,8 @@ def check(rec) -> str | None:
         return f"keys must be {', '.join(KEYS)} in that order"
     if not str(rec["date"])[:10].count("-") == 2:
         return "date must start YYYY-MM-DD"
-    if not isinstance(rec["machine"], dict) or set(rec["machine"]) != {"cpu", "cores"}:
-        return "machine must be {cpu, cores}"
+    if not isinstance(rec["machine"], dict) or set(rec["machine"]) not in MACHINE_KEYS:
+        return "machine must be {cpu, cores, python, jax} ({cpu, cores} in old rows)"
     if not isinstance(rec["seeds"], list) or not isinstance(rec["result"], dict):
         return "seeds must be a list and result an object"
     if any(isinstance(v, (dict, list)) for v in rec["result"].values()):
@@ -104,7 +124,9 @@ def render(folder: Path | None = None) -> str:
         lines += ["", f"## {title}", "", f"`docs/records/{kind}.jsonl`", "",
                   "| date | machine | command | seeds | result | note |", "|---|---|---|---|---|---|"]
         for rec in read(path):
-            machine = f"{rec['machine']['cpu']}, {rec['machine']['cores']} cores"
+            m = rec["machine"]
+            machine = f"{m['cpu']}, {m['cores']} cores" + (
+                f", Python {m['python']}, JAX {m['jax']}" if "python" in m else "")
             result = "; ".join(f"{k}: {_cell(v)}" for k, v in rec["result"].items())
             seeds = ", ".join(map(str, rec["seeds"])) or "-"
             command = f"`{rec['command']}`" if rec["command"] else "-"

@@ -34,14 +34,13 @@ def _value(text: str):
 
 
 def load_config(path: str, overrides: str):
-    from transformer.config import validate
-    from transformer.train import start
     from transformer.config import files
+    from transformer.train.resolve import resolve
     config = files.load(Path(path).resolve())
     for item in overrides.split():
         key, value = item.removeprefix("--config.").split("=", 1)
         config.update_from_flattened_dict({key: _value(value)})
-    config, _ = start.concrete(validate(config))
+    config, _ = resolve(config)
     return config
 
 
@@ -55,14 +54,14 @@ def main():
     args = parser.parse_args()
 
     from transformer import data
-    from transformer.train import start
+    from transformer.train.resolve import resolve
     from transformer.train.trainer import Trainer
     runs = []
     for spec in args.variant:
         name, overrides = spec.split(":", 1)
         config = load_config(args.config, overrides)
         tokenizer, source = data.load(config)
-        config = start.derive(config, tokenizer)
+        config, _ = resolve(config, tokenizer=tokenizer, validated=True)
         trainer = Trainer.build(config)
         state = trainer.init(config.train.seed)
         batches = [trainer.batch(source, config.train.seed, "train", i)

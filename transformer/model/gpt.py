@@ -6,7 +6,9 @@
       x    = x + W_2 · GELU(LN(x) W_1)                 the MLP: expand, non-linearity, project back
     logits = LN(x) E^T                                 output head tied to the embedding
 
-That is the default (GPT-2's design). The parts can be swapped by config (docs/inside.md):
+That is GPT-2's design, the block of the base config (config/fields.py's base values); the
+default config, configs/default.py, swaps in RoPE, RMSNorm and SwiGLU. The parts can be swapped
+by config (docs/inside.md):
     model.position=rope          no P; Q and K are rotated by their positions (rope.py)
     model.norm=rmsnorm           RMSNorm(x) = x / rms(x) · g instead of LayerNorm
     model.norm_placement=post    x = LN(x + Attention(x)); x = LN(x + MLP(x)); no final LN

@@ -231,9 +231,9 @@ def default_out(workdirs, metric: str = "loss") -> Path:
 
 
 def main(argv=None):
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m transformer plot",
-                                     description="Loss curves of one or more workdirs.")
+    from transformer import cli
+    parser = cli.argument_parser(prog="python -m transformer plot",
+                                 description="Loss curves of one or more workdirs.")
     parser.add_argument("workdirs", nargs="+", help="run folders holding metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG to write (default: in the run's "
                         "folder, loss_curves_step<N>.png; for several runs, in their common "
@@ -249,7 +249,6 @@ def main(argv=None):
               "runs (python train.py --workdir=...)", file=sys.stderr)
         sys.exit(2)
     out = args.out or default_out(args.workdirs, args.metric)
-    from transformer import cli
     why = cli.cannot_write(out, folder=False)
     if why:
         cli.fail(f"--out={out}: cannot write there ({why}); choose another --out")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import ml_collections
 
-from transformer.config import (ConfigError, ModelConfig, depth, fields, flatten, replace,
+from transformer.config import (ConfigError, ModelConfig, fields, flatten, replace,
                                 validate)
 from transformer.data import durable
 from transformer.model import flops
@@ -179,7 +179,9 @@ def members(sweep) -> list[Member]:
         if config.model.depth:  # a depth ladder: the depth's sizes, rates and batch
             # (config/depth.py); the budget sets the steps, which its run then keeps
             # (tokens_per_param=0: the other rules do not read the ratio).
-            config = depth.derive(validate(replace(config, **{"train.tokens_per_param": 0})))
+            from transformer.train.resolve import resolve
+            config, _ = resolve(replace(config, **{"train.tokens_per_param": 0}),
+                                platform=None)
         model = model_config_of(ml_collections.ConfigDict(config.to_dict()))  # vocab 0 stays
         non_embedding = flops.param_counts(model)["non_embedding"]
         if kind == "tokens":

@@ -12,6 +12,8 @@ and a page that streams text and shows where every attention head looked.
     app.py         the routes (Starlette): /v1/completions, /v1/chat/completions, /v1/models,
                    /health, /v1/inspect, and the page; what a request may cost (body, queue,
                    API key), tokenizing off the event loop
+    measure.py     tokens/s, time to first token and latency at 1-16 concurrent clients
+                   (python -m transformer.serve.measure; docs/serving.md)
     static/        the page (HTML, JS, CSS shipped in the package: no CDN, works offline)
 
 May import: config/, generate/, data/ (tokenizers), checkpoint.py (load_run), hf/ (--hf), cli.py.

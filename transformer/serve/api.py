@@ -32,7 +32,7 @@ import time
 import uuid
 
 from transformer.config import INT32_MAX
-from transformer.generate.decode import MAX_SEED
+from transformer.generate.step import MAX_SEED
 
 MAX_STOPS = 4
 MAX_LOGPROBS = 5

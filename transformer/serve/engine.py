@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from transformer.generate import decode, inside, slots
+from transformer.generate import inside, slots, step
 from transformer.generate import text as textgen
 from transformer.serve import tokens
 from transformer.serve.api import ApiError
@@ -296,10 +296,8 @@ class Engine:
         for seq in {id(s): s for s in [s for _, s in admit] + list(self.busy.values())}.values():
             seq.error = error
             seq.done.set()
-        for b in range(self.slots.B):
-            self.slots.release(b)
+        self.slots.reset()
         self.busy.clear()
-        self.slots.cache = decode.new_cache(config=self.slots.config, batch=self.slots.B)
 
     def _drop_cancelled(self) -> None:
         """Waiting rows whose client left never reach the device."""
@@ -478,7 +476,7 @@ class Engine:
         length bucket. Returns the seconds."""
         begin = time.perf_counter()
         self.slots.warm_up()
-        S, P = self.config.max_seq_len, decode.MIN_BUCKET
+        S, P = self.config.max_seq_len, step.MIN_BUCKET
         while True:
             ids = [0] * min(P, S)
             inside.token_logprobs(self.config, self.params, ids, top=inside.MAX_TOP)

@@ -7,7 +7,7 @@ COMMAND`), programs that use the library and that nothing in it imports.
     compile_search.py            compile --search: the mesh, remat and accumulation that fit
     device_check.py              a GPU/TPU end to end: device tests and the bench line
     explain.py                   one head's attention arithmetic, step by step, on real numbers
-    fields.py                    every config field: default, allowed values, resume rule, meaning
+    fields.py                    every config field: base value, allowed values, meaning
     prepare.py                   tokenize a corpus into shards
     sizes.py                     parameters, FLOPs and memory of any config, without allocating
     trace.py                     where a train.profile trace's step time went, per op

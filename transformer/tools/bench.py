@@ -60,8 +60,9 @@ from transformer.tools.bench_figures import (
     TrainFigures,
     format_table,
 )
-from transformer.train import metrics, scratch, start
+from transformer.train import metrics, scratch
 from transformer.train import trainer as training
+from transformer.train.resolve import resolve
 
 _HERE = Path(__file__).resolve().parents[2]  # the checkout: transformer/tools/ -> .
 _CONFIG = config_flags.DEFINE_config_file(
@@ -369,9 +370,10 @@ def run(config, settings: Settings = Settings(), log=lambda s: None) -> BenchRes
     """Runs every measurement: training, then decoding, with the compile counts throughout."""
     s, counter = settings, CompileCounter()
     # the schedule every mode (and the peer's lr) follows
-    config = config_lib.validate(config_lib.replace(config, **{"train.steps": s.total_steps}))
+    config, _ = resolve(config_lib.replace(config, **{"train.steps": s.total_steps}),
+                        platform=None)
     tokenizer, source = data.load(config)
-    config = start.derive(config, tokenizer)
+    config, _ = resolve(config, platform=None, tokenizer=tokenizer, validated=True)
     t = config.train
     batches = [jax.device_put(source.batch(t.seed, "train", i, t.batch_size))
                for i in range(s.total_steps)]  # made up front: data loading is not timed

@@ -101,15 +101,16 @@ def resolved_config(config, target):
     concrete for the target's platform, vocab_size=0 padded as a run pads it for the mesh."""
     import types
 
-    from transformer.config import replace, validate
+    from transformer.config import replace
     from transformer.model.sizes import model_config_of
     from transformer.parallel import sharding
-    from transformer.train import start
-    config, _ = start.concrete(validate(config), target.platform)
+    from transformer.train.resolve import resolve
+    config, _ = resolve(config, platform=target.platform)
     if config.model.vocab_size == 0:  # the tokenizer's size as the config gives it, no corpus
         vocab = model_config_of(replace(config, **{"model.vocab_multiple": 1})).vocab_size
         mesh = sharding.make_mesh(config.mesh, target.devices)
-        config = start.derive(config, types.SimpleNamespace(vocab_size=vocab), mesh)
+        config, _ = resolve(config, platform=target.platform, mesh=mesh, validated=True,
+                            tokenizer=types.SimpleNamespace(vocab_size=vocab))
     return config
 
 

@@ -1,9 +1,11 @@
-"""Every config field from the command line: name, default, allowed values, resume rule, meaning.
+"""Every config field from the command line: name, base value, allowed values, resume rule, meaning.
 
     python -m transformer fields                  all of them, section by section
     python -m transformer fields --section=train  one section (model, data, train, mesh, sample)
 
-The table is `transformer/config/fields.py`, where each field is declared once; set any of
+The table is `transformer/config/fields.py`, where each field is declared once. A base value
+is base_config()'s (GPT-2's block with AdamW), not the default config's (configs/default.py,
+the quick start: `python -m transformer sizes --config=configs/default.py` shows it). Set any of
 them with --config.<section>.<field>=value (train.py, sizes, a sweep's --sweep.base...).
 Resume rules: free (may change when a run resumes), fixed (never: the model's shape or its
 tokens), change (only when named in train.py's --allow_change).
@@ -18,7 +20,7 @@ from transformer.config import fields
 
 
 def rows(section: str | None = None) -> list[tuple[str, str, str, str, str]]:
-    """(name, default, allowed values, resume rule, meaning) of each field, in declared order."""
+    """(name, base value, allowed values, resume rule, meaning) of each field, in declared order."""
     out = []
     for f in fields.FIELDS:
         if section and f.name.split(".")[0] != section:
@@ -30,7 +32,7 @@ def rows(section: str | None = None) -> list[tuple[str, str, str, str, str]]:
 
 def table(section: str | None = None) -> str:
     found = rows(section)
-    header = ("field", "default", "allowed", "resume", "meaning")
+    header = ("field", "base", "allowed", "resume", "meaning")
     widths = [max(len(r[i]) for r in [header, *found]) for i in range(4)]
     lines = []
     for r in [header, *found]:

@@ -17,9 +17,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.config import depth, validate
+from transformer.config import depth
 from transformer.model import flops
 from transformer.model.sizes import CALIBRATION, model_config_of, report, summary
+from transformer.train.resolve import resolve
 
 
 def _main():
@@ -38,7 +39,7 @@ def _main():
             cli.fail(f"unexpected arguments {argv[1:]}: flags look like --name=value")
         if flags.FLAGS["config"].value is None:
             cli.fail("--config=PATH is required, e.g. --config=configs/gpt3_175b.py")
-        config = validate(depth.derive(validate(cli.config_value(config_flag))))
+        config, _ = resolve(cli.config_value(config_flag), platform=None)
         c = model_config_of(config)
         batch = config.train.batch_size if batch_flag.value is None else batch_flag.value
         if batch <= 0:

@@ -56,7 +56,6 @@ class Reporter:
         self.peak, _ = metrics_lib.peak_flops(compute_precision(trainer.model_config))
         self.schedule = optimizer.learning_rate(config.train)
         self.meter, self.tokens_since, self.pending = Throughput(), 0, None
-        self.schedule = optimizer.learning_rate(config.train)
 
     def tokens_at(self, done: int) -> int:
         """Tokens trained through step `done` (of this invocation's steps or `start`)."""
@@ -116,10 +115,16 @@ class Loop:
     trace: StepTrace = dataclasses.field(default=None, init=False)  # train.profile's trace
     tokens_per_byte: float = dataclasses.field(default=1.0, init=False)  # of the val text
 
+    @property
+    def config(self):
+        """The run's config, as start.prepare resolved it (the trainer was built from it): the
+        one the loop reads."""
+        return self.run.config
+
     def train(self, state, skipped: int):
         """Steps from the state's step to train.steps (or options.stop_at); returns the state
         after the last. `skipped`: steps skipped so far (train.nonfinite)."""
-        t, workdir, log = self.run.config.train, self.run.workdir, self.options.log
+        t, workdir, log = self.config.train, self.run.workdir, self.options.log
         begin, first = time.perf_counter(), int(state.step)
         end = t.steps if self.options.stop_at is None else min(self.options.stop_at, t.steps)
         self.ckpts = checkpoint.Checkpoints(workdir, keep=t.keep_checkpoints)
@@ -142,7 +147,7 @@ class Loop:
 
     def _steps(self, state, start: int, end: int):
         """Steps start+1 .. end; returns the state after step `end`."""
-        t = self.trainer.config.train
+        t = self.config.train
         reporter = Reporter(self.trainer, self.metrics_log, self.bar, self.guard, start,
                             self.run.tokens_trained)
         vote = processes.StopVote()
@@ -172,7 +177,7 @@ class Loop:
     def meta(self) -> dict:
         """Saved with every checkpoint: the run's config and tokenizer, why its matmul is what
         it is, the caller's options.meta."""
-        return {"config": config_lib.to_dict(self.run.config),
+        return {"config": config_lib.to_dict(self.config),
                 "tokenizer": self.run.tokenizer.to_json(),
                 "matmul_reason": self.run.matmul.reason, **self.options.meta}
 
@@ -187,7 +192,7 @@ class Loop:
 
     def _after_step(self, state, done: int, end: int, signum: int, reporter) -> None:
         """What follows step `done`: late metrics, evaluation, a save, or the agreed stop."""
-        t = self.trainer.config.train
+        t = self.config.train
         evaluating = done % t.eval_every == 0 or done == t.steps
         saving = done % t.ckpt_every == 0 or done == end or signum
         if evaluating or saving:

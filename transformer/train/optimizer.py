@@ -188,7 +188,7 @@ def _muon(t) -> optax.GradientTransformation:
 
 def _ns_dtype(t) -> str:
     """train.muon_ns_dtype; `auto` left unresolved (a config that did not pass through
-    start.concrete, which makes it the model's matmul dtype) is float32."""
+    train/resolve.py, which makes it the model's matmul dtype) is float32."""
     return "float32" if t.muon_ns_dtype == "auto" else t.muon_ns_dtype
 
 

@@ -4,11 +4,11 @@ and hands them on as one `Run`; `claim` makes the first write.
     run = prepare(config, workdir, allow_change=...)     reads only, top to bottom:
         the config     validated (unless its caller did: train.py, see `prepare`)
         the mesh       made once per process (or the caller's)
-        the config     `auto` fields made concrete (concrete)
+        the config     model.depth derived, `auto` fields made concrete (resolve.py)
         the state      the newest good checkpoint to continue from, a resumed model's sizes
                        checked against the mesh before any checkpoint is read (find_checkpoint)
         the data       the corpus, with the checkpoint's or train.init_from's tokenizer
-        the config     derived values filled in (derive: vocab_size=0), the resume rules, a
+        the config     vocab_size=0 from the tokenizer (resolve.py), the resume rules, a
                        fresh model's sizes checked against the mesh
     with claim(run):                                     the first writes: lock, damaged aside
         state, skipped = initial_state(trainer, run)     restored, imported (train.init_from) or
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -33,70 +32,16 @@ import jax.numpy as jnp
 
 from transformer import checkpoint, data
 from transformer import config as config_lib
-from transformer.config import ConfigError, depth, resume
+from transformer.config import ConfigError, resume
 from transformer.hf import load as hf_load
 from transformer.config import ModelConfig
-from transformer.model import kernels
 from transformer.model.kernels import auto
 from transformer.parallel import processes, sharding
-from transformer.parallel import target as target_lib
 from transformer.train import workdir as workdir_lib
+from transformer.train.resolve import resolve
 from transformer.train.optimizer import make_optimizer
 from transformer.train.trainer import Trainer, TrainState, layout
 from transformer.train.workdir import WorkdirLock
-
-
-def concrete(config, platform: str | None = None):
-    """(a copy of the validated `config` with what model.depth derives filled in (config/
-    depth.py; the derived values validated), `model.matmul=auto` made concrete for `platform`
-    (the mesh's devices; default this host's backend) and `train.muon_ns_dtype=auto` after it,
-    the auto.Choice saying why); the caller's config is left as it is."""
-    derived = depth.derive(config)
-    if derived is not config:  # model.depth set: its sizes, rates, batch and horizon
-        config = config_lib.validate(derived)
-    check_attention_kernel(config, platform or jax.default_backend())
-    config, choice = target_lib.resolve_matmul(config_lib.replace(config), platform)
-    if config.train.muon_ns_dtype == "auto":
-        config = config_lib.replace(config, **{"train.muon_ns_dtype":
-                                               kernels.compute_dtype(config.model)})
-    return config, choice
-
-
-def check_attention_kernel(config, platform: str) -> None:
-    """cuDNN's fused attention exists only in a GPU program (`platform`: the mesh's devices,
-    which may be a GPU topology compiled on a CPU host)."""
-    if config.model.attention_kernel == "cudnn" and platform not in ("gpu", "cuda"):
-        raise ConfigError(f"model.attention_kernel=cudnn: cuDNN flash attention needs an NVIDIA "
-                          f"GPU, this run is on {platform}; use attention_kernel=jax")
-
-
-def derive(config, tokenizer, mesh=None, saved=None):
-    """The config with derived values filled in (a new one; `config` is left as it is): the
-    vocabulary size from the tokenizer when it is 0, padded up to a multiple of
-    model.vocab_multiple and of the pieces `mesh` splits the vocabulary into (so that
-    mesh.tensor=2 needs no hand-padding); a resumed run keeps its checkpoint's (`saved`, the
-    config it was saved with), whatever mesh it resumes on."""
-    if config.model.vocab_size == 0:
-        saved = (saved or {}).get("model", {})
-        if saved.get("vocab_size", 0) >= tokenizer.vocab_size:
-            return config_lib.replace(config, **{"model.vocab_size": saved["vocab_size"],
-                                                 "model.vocab_used": saved.get("vocab_used", 0)})
-        multiple = config.model.vocab_multiple
-        if mesh is not None:
-            multiple = math.lcm(multiple, sharding.shards(mesh, sharding.axis_rules(config),
-                                                          "vocab"))
-        return config_lib.replace(config, **config_lib.padded_vocab(tokenizer.vocab_size,
-                                                                    multiple))
-    if config.data.corpus in data.SYNTHETIC:  # synthetic tasks draw below vocab_size: no padding
-        return config
-    if config.model.vocab_size < tokenizer.vocab_size:
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size}: the {tokenizer.kind} "
-                          f"tokenizer has {tokenizer.vocab_size} tokens; set at least that, "
-                          "or 0 to take it from the tokenizer")
-    if config.model.vocab_size > tokenizer.vocab_size and not config.model.vocab_used:
-        # Padded by hand: those ids are padding too, never sampled.
-        return config_lib.replace(config, **{"model.vocab_used": tokenizer.vocab_size})
-    return config
 
 
 @dataclasses.dataclass
@@ -202,9 +147,9 @@ def prepare(config, workdir, mesh=None, allow_change=(), *, validated: bool = Fa
     validated config on; a library caller (tests, scaling sweeps) hands a raw one."""
     began = time.perf_counter()
     resume.check_names(allow_change)
-    config = config if validated else config_lib.validate(config)
+    config = config if validated else config_lib.validate(config)  # before the mesh reads it
     mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
-    config, matmul = concrete(config, sharding.platform(mesh))
+    config, matmul = resolve(config, mesh=mesh, validated=True)  # vocab_size once data says
     WorkdirLock(workdir).check_free()  # a run in progress there: refused before reading it
     found, damaged = find_checkpoint(workdir, config, mesh)
     if found:  # the run's own tokenizer, saved with it
@@ -212,7 +157,8 @@ def prepare(config, workdir, mesh=None, allow_change=(), *, validated: bool = Fa
     else:
         config, tokenizer = _init_from(config)  # None: data.tokenizer decides
     tokenizer, source = data.load(config, tokenizer)  # bad data fails before any write
-    config = derive(config, tokenizer, mesh, found.meta["config"] if found else None)
+    config, _ = resolve(config, tokenizer=tokenizer, mesh=mesh, validated=True,
+                        saved=found.meta["config"] if found else None)
     diffs = {}
     if found:
         diffs = resume.differences(found.meta["config"], config_lib.to_dict(config))

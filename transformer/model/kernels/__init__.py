@@ -7,6 +7,10 @@
     out_BHTK, weights_BHTS = ops.cached_attention(q_BHTK, k_BGSK, v_BGSK, mask_B1TS)
     config, params = kernels.decode_setup(config, params, batch)   # before a decode loop
 
+    dense.py           a dense layer with a hand-written backward pass (the CPU fast path)
+    attention_vjp.py   attention with a hand-written backward pass (the CPU fast path)
+    auto.py            what `model.matmul=auto` means on this machine, and why
+
 `model.matmul` picks how the matmuls are computed (the parameters are the same in every mode,
 so a checkpoint trained in one mode loads in another):
     plain      flax's nn.Dense / nn.DenseGeneral and autodiff (the fast path on GPU/TPU)
