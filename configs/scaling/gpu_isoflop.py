@@ -25,6 +25,7 @@ def get_config():
     # (config/depth.py, rule 4) at the ladder's middle width, 768: 1.5e-2 x sqrt(128/768).
     base = quick_start()
     base.model.update(vocab_size=0, max_seq_len=1024, dtype="bfloat16", scan_layers=True,
+                      value_embeds="none",  # per block: a scanned body cannot hold them
                       remat="dots")
     # A prepared folder (docs/data.md): its shards are read window by window, its tokenizer
     # is the run's; every member reads the same folder, none tokenizes anything.
