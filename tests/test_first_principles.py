@@ -123,11 +123,19 @@ def check(found: dict, want: dict, tpu: bool = False):
 
 
 CASES = [(model, mesh) for model in MODELS for mesh in MESHES]
+# On v5p:2x2x1 these three disagree with the count above and are not yet explained (read
+# 2026-12-07: GPT-2 small's fsdp reduce-scatter 0.66x with no windowed permutes; the 8B's
+# data all-reduce 0.74x, its fsdp reduce-scatter 0.29x). Strict: the day they agree, the
+# mark must go.
+UNEXPLAINED_ON_TPU = {("gpt2_small", "fsdp"), ("llama3_8b", "data"), ("llama3_8b", "fsdp")}
+TPU_CASES = [pytest.param(*case, marks=pytest.mark.xfail(
+                 strict=True, reason="TPU count not yet explained (issue 55)"))
+             if case in UNEXPLAINED_ON_TPU else case for case in CASES]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
-@pytest.mark.parametrize("model,mesh", CASES)
+@pytest.mark.parametrize("model,mesh", TPU_CASES)
 def test_tpu_collectives_match_first_principles(model, mesh, tmp_path):
     check(compile_case(model, "v5p:2x2x1", mesh, tmp_path), expected(model, mesh, tpu=True),
           tpu=True)
