@@ -106,6 +106,21 @@ def test_the_tpu_program_has_no_cpu_branch(compiled, kind):
     assert not has_conditional(compiled[kind].hlo)
 
 
+def test_save_writes_the_executable_with_its_trees(compiled, tmp_path):
+    """--save=PATH (tools/program.py): the TPU executable built on this CPU, serialised with
+    its argument and result trees for deserialize_and_load on the target's hosts. Loading
+    needs the chips; here, that the payload is there and the trees are the step's: one leaf
+    per state array and batch array in, the new state and the metrics out."""
+    import pickle
+
+    from transformer.tools import program
+    path = tmp_path / "step.bin"
+    program.save(compiled["data"].compiled, str(path))
+    payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+    assert isinstance(payload, bytes) and len(payload) > 100_000
+    assert in_tree.num_leaves > 10 and out_tree.num_leaves >= in_tree.num_leaves - 2
+
+
 def test_refusals_are_one_line_with_their_exit_status(tmp_path):
     out = tmp_path / "r.json"
     bad = run_cli("-m", "transformer", "compile", "--config=configs/tiny.py", "--target=v5e:2y2")
