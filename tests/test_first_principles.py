@@ -26,8 +26,12 @@ L layers, A = B·T·D activation elements:
   GPU), and the gradient reduce-scattered once, P elements in the model's dtype;
 - tensor (Megatron): the two row-parallel outputs of each block all-reduced forward and the
   two column-parallel inputs' gradients backward, 4L x A, plus the vocabulary-split
-  embedding's output and the head's input gradient, 2A, in the activations' dtype; a third
-  forward under remat=block, 2L x A more;
+  embedding's output and the head's input gradient, 2A, in the activations' dtype (the
+  head's in float32 on a GPU target, where the loss's float32 gradient meets the head's
+  matmul: `--top` shows f32[B,T,D]); under remat=block the recomputed forward all-reduces
+  attention's output again but not the MLP's (the block's backward needs each matmul's
+  input, not the block's output, so XLA drops that recomputation): L x A more, not 2L x A
+  (read 2026-12-07: the 8B stand-in was 0.857x, 12 of the 14 A counted, on a TPU);
 - sequence parallel (Megatron-SP, Korthikanti et al. 2022): those all-reduces become an
   all-gather before and a reduce-scatter after each half-block, 4L x A of each (6L under
   remat=block), and the backward gathers each half-block's input once more for its weight
@@ -111,7 +115,7 @@ def expected(model: str, mesh: str, tpu: bool) -> dict:
     if mesh == "fsdp":
         return {"all-gather": 2 * W * act, "reduce-scatter": P * act}
     if mesh == "tensor":
-        return {"all-reduce": ((6 if remat else 4) * L + 2) * A * act}
+        return {"all-reduce": ((5 if remat else 4) * L + 1) * A * act + A * (act if tpu else 4)}
     return {"all-gather": (6 * L + 3) * A * (2 if tpu else act),
             "reduce-scatter": (6 if remat else 4) * L * A * act}
 
