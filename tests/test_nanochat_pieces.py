@@ -63,6 +63,8 @@ def test_value_embeds_go_where_nanochat_and_modded_nanogpt_put_them():
     assert gpt.value_embed_layers(dataclasses.replace(ALL, n_layers=3)) == (0, 2)
     assert gpt.value_embed_layers(dataclasses.replace(ALL, n_layers=4, value_embeds="ends")) \
         == (0, 3)
+    assert gpt.value_embed_layers(dataclasses.replace(ALL, n_layers=4, value_embeds="all")) \
+        == (0, 1, 2, 3)
     p = params_of(config("value_embeds", n_layers=4))
     tables = {k: v["embedding"].shape for k, v in p.items() if k.startswith("value_embed_")}
     assert tables == {"value_embed_1": (V, 16), "value_embed_3": (V, 16)}  # G·K = 2·8

@@ -49,7 +49,7 @@ SYNTHETIC_CORPORA = ("copy", "random")
 OPTIMIZERS = ("adamw", "muon")  # train.optimizer (optimizer.py)
 SCHEDULES = ("cosine", "wsd", "constant")  # learning-rate schedules (optimizer.py)
 WANDB_MODES = ("off", "online", "offline")  # train.wandb (train/trackers.py)
-VALUE_EMBEDS = ("none", "alternate", "ends")  # model.value_embeds (model/gpt.py)
+VALUE_EMBEDS = ("none", "alternate", "ends", "all")  # model.value_embeds (model/gpt.py)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # how wsd's decay phase falls  # data.corpus values that are generated, not read
 
 
@@ -231,9 +231,9 @@ _MODEL = [
     # nanochat's and modded-nanogpt's pieces (docs/speedrun.md, "nanochat's pieces"); each is
     # off until a speedrun row says it wins.
     _f("model.value_embeds", "none", "none | alternate (every other block, the last included: "
-       "nanochat) | ends (the first and last blocks: modded-nanogpt): those blocks add a table "
-       "of their own, looked up by token and gated per K/V head, to attention's values "
-       "(train.value_embed_lr)", FIXED, VALUE_EMBEDS),
+       "nanochat) | ends (the first and last blocks: modded-nanogpt) | all (every block): those "
+       "blocks add a table of their own, looked up by token and gated per K/V head, to "
+       "attention's values (train.value_embed_lr)", FIXED, VALUE_EMBEDS),
     _f("model.smear", False, "x_t += lambda * sigmoid(x_t[:12] . w) * x_{t-1} after the "
        "embedding: a learned, gated share of the previous token's embedding (nanochat)", FIXED),
     _f("model.backout", False, "subtract lambda (learned, from 0.2) times the residual stream "

@@ -261,12 +261,14 @@ class _HeadKernel(nn.Module):
 
 def value_embed_layers(c: ModelConfig) -> tuple[int, ...]:
     """The blocks that add a value embedding (model.value_embeds): every other one ending with
-    the last (nanochat), or the first and the last (modded-nanogpt), or none."""
+    the last (nanochat), or the first and the last (modded-nanogpt), or all of them, or none."""
     L = c.n_layers
     if c.value_embeds == "alternate":
         return tuple(i for i in range(L) if i % 2 == (L - 1) % 2)
     if c.value_embeds == "ends":
         return tuple(sorted({0, L - 1}))
+    if c.value_embeds == "all":
+        return tuple(range(L))
     return ()
 
 
