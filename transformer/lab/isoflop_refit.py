@@ -25,7 +25,7 @@ import ml_collections
 from transformer.config.files import load
 from transformer.model import flops
 from transformer.model.sizes import model_config_of
-from transformer.scaling import chinchilla, isoflop, sweep as sweep_lib
+from transformer.scaling import chinchilla, isoflop, report, sweep as sweep_lib
 
 RECORDS = Path(__file__).resolve().parents[2] / "docs" / "records" / "scaling.jsonl"
 
@@ -35,7 +35,8 @@ def rows_from_records(sweep_file: str, records=RECORDS) -> tuple[list[dict], dic
     sweep = load(sweep_file)  # relative paths from configs/
     members = {m.name: m for m in sweep_lib.members(sweep)}
     name = Path(sweep_file).name
-    rows = []
+    rows = {}  # by member: a member recorded twice (retrained on a new machine) counts once,
+    # at its latest record
     for line in Path(records).read_text().splitlines():
         rec = json.loads(line)
         run = rec["result"].get("run")
@@ -44,25 +45,36 @@ def rows_from_records(sweep_file: str, records=RECORDS) -> tuple[list[dict], dic
         m = members[run]
         model = model_config_of(ml_collections.ConfigDict(m.config.to_dict()))
         counts = flops.param_counts(model)
-        rows.append(dict(name=run, budget="flops", budget_value=m.value, tokens=m.tokens,
+        rows[run] = dict(name=run, budget="flops", budget_value=m.value, tokens=m.tokens,
                          flops=flops.train_flops_per_token(model) * m.tokens,
                          params_non_embedding=counts["non_embedding"],
-                         params_total=counts["total"], val_loss=rec["result"]["val_loss"]))
-    return rows, json.loads(sweep.to_json())
+                         params_total=counts["total"], val_loss=rec["result"]["val_loss"],
+                         group=m.group, seed=m.config.train.seed)
+    return list(rows.values()), json.loads(sweep.to_json())
 
 
 def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple[list, dict]:
     """(report lines, flat figures for a record)."""
     rows, sweep = rows_from_records(sweep_file)
-    runs = isoflop.runs_of(rows)
+    measured = report.seed_noise(rows)  # members recorded at 2 or more seeds
+    runs = isoflop.runs_of(report.best_per_size(rows))  # a member's seeds averaged
     held, inside = isoflop.holdout(runs, "largest", n_boot)
     if seed_noise:
         sweep["seed_noise"] = seed_noise
-    fits = isoflop.fit_all(runs, n_boot, sweep, holdout_inside=inside)
-    lines = [f"{len(runs)} member records of {sweep_file}", "", *isoflop.describe(fits), "",
-             *isoflop.axes_lines(runs), "", *held]
+    fits = isoflop.fit_all(runs, n_boot, sweep, holdout_inside=inside, measured_noise=measured)
+    seeds = sorted({r["seed"] for r in rows if r.get("seed") is not None})
+    lines = [f"{len(rows)} member records of {sweep_file} ({len(runs)} sizes x budgets, "
+             f"seeds {seeds}: each point the mean over its seeds)", "",
+             *isoflop.describe(fits), "", *isoflop.axes_lines(runs), "", *held]
+    if measured:
+        lines += ["", f"seed noise {measured[0]:.4f} nats, pooled over the seeds of "
+                  f"{measured[1]} members"]
     a2, b2 = fits["a2"], fits["boot2"]
     figures = {"runs": len(runs), "N": "compute-equivalent C/(6D)"}
+    if measured:
+        figures.update(member_records=len(rows), seeds=", ".join(map(str, seeds)),
+                       seed_noise_measured=round(measured[0], 4),
+                       seed_noise_members=measured[1])
     for label, key in isoflop.N_AXES:
         f = chinchilla.approach2([dict(r, N=r[key]) for r in runs])
         short = key.removeprefix("N_") if key != "N" else "compute_equivalent"
@@ -77,6 +89,9 @@ def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple
     figures["tokens_per_param_opt"] = ", ".join(
         f"{b['D_opt'] / b['N_opt']:.3g} ({C:.1e})" for C, b in a2["budgets"].items())
     g = fits["gate"]
+    law = chinchilla.min_loss_law(a2)
+    if law:
+        figures["min_loss_law"] = f"E {law[0]:.3f}, A {law[1]:.4g}, alpha {law[2]:.4f}"
     figures.update(approach3_rmse=round(g["rmse"], 4), seed_noise=seed_noise,
                    approach3_budget_means=", ".join(f"{m:+.3f} ({b:.0e})" for b, (m, _, _)
                                                     in g["budgets"].items()),
@@ -97,7 +112,7 @@ def plot_optima(sweep_files, out, seed_noise=None) -> Path:
     styles = iter(["C0", "C1", "C2", "C3", "C4"])
     anchor = None
     for i, sweep_file in enumerate(sweep_files):
-        runs = isoflop.runs_of(rows_from_records(sweep_file)[0])
+        runs = isoflop.runs_of(report.best_per_size(rows_from_records(sweep_file)[0]))
         axes = [("non-embedding N (as published)", "N_non_embedding")] if i == 0 else []
         for label, key in axes + [("compute-equivalent N = C/(6D)", "N")]:
             f = chinchilla.approach2([dict(r, N=r[key]) for r in runs])
