@@ -5,7 +5,8 @@
 --workdir=runs/isoflop_rules --allow_change=variants --no_progress" --note="..."
 
 A member already recorded under the same command is skipped, so the tool runs again as a sweep
-goes on. The record holds the member's name (with its seed variant, seed=<s>_..., for seeds
+goes on; `--only=seed=1_` records only the members of that seed (a retrained member of an
+earlier seed that reproduced its record needs none). The record holds the member's name (with its seed variant, seed=<s>_..., for seeds
 after the first), its seed, its parameter counts (non-embedding, all, compute-equivalent
 C/(6D)), tokens, steps, counted FLOPs and final val loss (nats per token) and bits per byte:
 what transformer/lab/isoflop_refit.py refits from, without the run folders.
@@ -24,14 +25,16 @@ from transformer.model.sizes import human
 from transformer.scaling import report
 
 
-def member_records(workdir, command: str, note: str, path=RECORDS) -> list[dict]:
-    """The records of `workdir`'s finished members not yet recorded under `command`."""
+def member_records(workdir, command: str, note: str, path=RECORDS,
+                   only: str = "") -> list[dict]:
+    """The records of `workdir`'s finished members not yet recorded under `command` (with
+    `only`, those whose name starts with it)."""
     done = {(r["command"], r["result"].get("run")) for r in records.read(Path(path))} \
         if Path(path).is_file() else set()
     out = []
     machine = {"cpu": host.cpu_line(), "cores": host.usable_cores()}
     for r in report.collect(workdir):
-        if (command, r["name"]) in done:
+        if (command, r["name"]) in done or not r["name"].startswith(only):
             continue
         seed = r.get("seed") or 0
         out.append(records.record(machine, command, [seed], dict(
@@ -48,8 +51,9 @@ def main(argv=None) -> None:
     parser.add_argument("workdir")
     parser.add_argument("--command", required=True, help="the command that trained them")
     parser.add_argument("--note", default="")
+    parser.add_argument("--only", default="", help="only members whose name starts with it")
     args = parser.parse_args(argv)
-    new = member_records(args.workdir, args.command, args.note)
+    new = member_records(args.workdir, args.command, args.note, only=args.only)
     for rec in new:
         records.append(RECORDS, rec)
     print(f"appended {len(new)} member records to {RECORDS}")
