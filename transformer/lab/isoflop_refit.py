@@ -2,6 +2,7 @@
 
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01 --record
+    python -m transformer.lab.isoflop_refit scaling/cpu_isoflop_rules.py --predict=2.4e13
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py scaling/cpu_isoflop_rules.py \
         --plot=docs/scaling_optima.png
 
@@ -53,8 +54,10 @@ def rows_from_records(sweep_file: str, records=RECORDS) -> tuple[list[dict], dic
     return list(rows.values()), json.loads(sweep.to_json())
 
 
-def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple[list, dict]:
-    """(report lines, flat figures for a record)."""
+def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100,
+          predict: float | None = None) -> tuple[list, dict]:
+    """(report lines, flat figures for a record); with `predict` (FLOPs) the compute-optimal
+    size and loss there too, as --predict and --verify compute them (isoflop.optimum)."""
     rows, sweep = rows_from_records(sweep_file)
     measured = report.seed_noise(rows)  # members recorded at 2 or more seeds
     runs = isoflop.runs_of(report.best_per_size(rows))  # a member's seeds averaged
@@ -97,6 +100,15 @@ def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple
                                                     in g["budgets"].items()),
                    holdout_inside=f"{inside:.2f}" if inside is not None else "none",
                    approach3_fits="yes" if g["fits"] else "no: " + "; ".join(g["reasons"]))
+    if predict:
+        p = isoflop.optimum(fits, predict)
+        size, n, _ = fits["cost"].nearest(p["N"])
+        lines += ["", *isoflop.prediction_lines(fits, predict)]
+        figures.update(predict_flops=predict, predict_source=p["source"],
+                       predict_N=f"{p['N']:.4g} [{p['N_int'][0]:.4g}, {p['N_int'][1]:.4g}]",
+                       predict_loss=round(p["loss"], 4),
+                       predict_loss_interval=f"{p['loss_int'][0]:.4f}, {p['loss_int'][1]:.4f}",
+                       predict_size=size["name"])
     return lines, figures
 
 
@@ -150,16 +162,18 @@ def main(argv=None) -> None:
     parser.add_argument("--bootstrap", type=int, default=100)
     parser.add_argument("--record", action="store_true", help="append the first sweep's refit")
     parser.add_argument("--plot", default=None, help="PNG of N_opt and D_opt against C")
+    parser.add_argument("--predict", type=float, default=None, help="FLOPs: the optimum there")
     args = parser.parse_args(argv)
     if args.plot:
         print(f"wrote {plot_optima(args.sweep, args.plot)}")
         return
-    lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap)
+    lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap, args.predict)
     print("\n".join(lines))
     if args.record:
         from transformer.lab import records
         command = (f"python -m transformer.lab.isoflop_refit {args.sweep[0]} --seed_noise="
-                   f"{args.seed_noise} --bootstrap={args.bootstrap} --record")
+                   f"{args.seed_noise} --bootstrap={args.bootstrap}"
+                   + (f" --predict={args.predict:g}" if args.predict else "") + " --record")
         records.append(RECORDS, records.record(
             {"cpu": f"any ({platform.machine()}): no training, a refit of recorded losses",
              "cores": os.cpu_count()}, command, [0],
