@@ -320,3 +320,14 @@ def test_the_minimum_loss_law_finds_a_floor_and_keeps_a_power_law_a_power_law():
     E, _, _ = chinchilla.min_loss_law(_minima(floored[:3], budgets[:3]))
     assert E == 0
     assert chinchilla.min_loss_law(_minima(floored[:1], budgets[:1])) is None
+
+
+def test_the_within_budget_bootstrap_keeps_each_budgets_runs_and_covers_the_truth():
+    """Resamples drawn within each budget keep every budget's run count and give an interval
+    on a that covers the planted β/(α+β)."""
+    runs = [dict(r, budget=r["C"]) for r in _isoflop_runs(BUDGETS, noise=0.004, seed=3)]
+    fits = chinchilla.bootstrap_within_budgets(runs, n=40, seed=0)
+    assert len(fits) >= 38
+    lo, hi = chinchilla.interval([f["a"] for f in fits])
+    truth = TRUE["beta"] / (TRUE["alpha"] + TRUE["beta"])
+    assert lo < truth < hi and hi - lo < 0.2

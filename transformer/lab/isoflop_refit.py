@@ -87,6 +87,11 @@ def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100,
     figures.update(a=round(a2["a"], 3), a_interval=f"{lo:.3f}, {hi:.3f}", b=round(a2["b"], 3))
     lo, hi = chinchilla.interval([f["b"] for f in b2])
     figures["b_interval"] = f"{lo:.3f}, {hi:.3f}"
+    within = chinchilla.bootstrap_within_budgets(runs, n_boot)
+    lo_w, hi_w = chinchilla.interval([f["a"] for f in within])
+    figures["a_interval_within_budgets"] = f"{lo_w:.3f}, {hi_w:.3f}"
+    lines += ["", f"a's 95% interval with resamples drawn within each budget (a diagnostic: "
+              f"budgets and sizes fixed): [{lo_w:.3f}, {hi_w:.3f}], {len(within)} of {n_boot}"]
     lo, hi = chinchilla.interval([f["a"] + f["b"] for f in b2])
     figures.update(a_plus_b=round(a2["a"] + a2["b"], 3), a_plus_b_interval=f"{lo:.3f}, {hi:.3f}")
     figures["tokens_per_param_opt"] = ", ".join(

@@ -281,6 +281,24 @@ def bootstrap(runs, n: int = 100, seed: int = 0, approach3_fit: dict | None = No
     return fits2, fits3
 
 
+def bootstrap_within_budgets(runs, n: int = 100, seed: int = 0) -> list[dict]:
+    """Approach 2 refitted on `n` resamples drawn within each budget (each budget keeps its
+    number of runs, drawn with replacement from its own): the design's budgets and sizes fixed,
+    only the losses' noise resampled. A diagnostic beside `bootstrap`, whose resamples across
+    all runs also move runs between budgets (a budget drawn with too few sizes drops out)."""
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.get("budget", r["C"]), []).append(r)
+    fits = []
+    for _ in range(n):
+        sample = [g[i] for g in groups.values() for i in rng.integers(0, len(g), len(g))]
+        f = approach2(sample)
+        if f is not None:
+            fits.append(f)
+    return fits
+
+
 def interval(values, level: float = 0.95):
     """The percentile interval (lo, hi) of bootstrap values; (nan, nan) when there are none."""
     values = np.asarray([v for v in values if np.isfinite(v)], float)
