@@ -181,7 +181,8 @@ def main(argv=None) -> None:
                    + (f" --predict={args.predict:g}" if args.predict else "") + " --record")
         records.append(RECORDS, records.record(
             {"cpu": f"any ({platform.machine()}): no training, a refit of recorded losses",
-             "cores": os.cpu_count()}, command, [0],
+             "cores": os.cpu_count()}, command,
+            [int(x) for x in str(figures.get("seeds", "0")).split(", ")],
             figures, note="refit of the recorded members, no training: N as the FLOP count "
             "counts it (compute-equivalent C/(6D)); the other counts as columns"))
 
