@@ -293,3 +293,41 @@ def test_the_published_sweep_refits_as_its_record_says():
                 "a_total", "tokens_per_param_opt", "approach3_rmse", "approach3_budget_means"):
         assert figures[key] == recorded[key], key
     assert recorded["approach3_fits"].startswith("no: ")
+
+
+def _minima(losses, budgets=(1e11, 1e12, 1e13, 1e14, 1e15)):
+    """An Approach 2 result holding only what min_loss_law reads: each budget's minimum."""
+    return dict(fitted=list(budgets),
+                budgets={C: dict(loss_opt=float(L)) for C, L in zip(budgets, losses)})
+
+
+def test_the_minimum_loss_law_finds_a_floor_and_keeps_a_power_law_a_power_law():
+    """Minima planted on E + A·C^-α give back E and α; minima on a pure power law k·C^g
+    give E = 0 and its slope (the power law is one of the fits); with three budgets E = 0
+    (three constants through three points would fit anything). A law that ignored the floor
+    (E = 0 on the first plant) would miss the planted loss at 100x the largest budget."""
+    budgets = np.array([1e11, 1e12, 1e13, 1e14, 1e15])
+    floored = 1.8 + 40.0 * budgets ** -0.15
+    E, A, alpha = chinchilla.min_loss_law(_minima(floored))
+    assert E == pytest.approx(1.8, abs=0.02) and alpha == pytest.approx(0.15, rel=0.05)
+    far = 1.8 + 40.0 * 1e17 ** -0.15
+    assert chinchilla.min_loss_at((E, A, alpha), 1e17) == pytest.approx(far, rel=2e-3)
+    slope, log_k = np.polyfit(np.log(budgets), np.log(floored), 1)
+    assert abs(math.exp(log_k) * 1e17 ** slope - far) / far > 0.01  # the floorless law misses
+    power = 9.0 * budgets ** -0.05
+    E, A, alpha = chinchilla.min_loss_law(_minima(power))
+    assert E == 0 and alpha == pytest.approx(0.05) and A == pytest.approx(9.0)
+    E, _, _ = chinchilla.min_loss_law(_minima(floored[:3], budgets[:3]))
+    assert E == 0
+    assert chinchilla.min_loss_law(_minima(floored[:1], budgets[:1])) is None
+
+
+def test_the_within_budget_bootstrap_keeps_each_budgets_runs_and_covers_the_truth():
+    """Resamples drawn within each budget keep every budget's run count and give an interval
+    on a that covers the planted β/(α+β)."""
+    runs = [dict(r, budget=r["C"]) for r in _isoflop_runs(BUDGETS, noise=0.004, seed=3)]
+    fits = chinchilla.bootstrap_within_budgets(runs, n=40, seed=0)
+    assert len(fits) >= 38
+    lo, hi = chinchilla.interval([f["a"] for f in fits])
+    truth = TRUE["beta"] / (TRUE["alpha"] + TRUE["beta"])
+    assert lo < truth < hi and hi - lo < 0.2

@@ -4,6 +4,7 @@ runs end to end through the command line and a rerun skips what finished."""
 import copy
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -765,3 +766,60 @@ def test_a_window_keeps_at_each_budget_the_sizes_whose_tokens_per_param_it_holds
         bad.window = window
         with pytest.raises(ConfigError, match="sweep.window"):
             scaling.members(bad)
+
+
+def test_a_members_seeds_are_averaged_and_their_spread_is_the_seed_noise():
+    """Members differing only in a seed variant (seed=<s>_..., the first seed plain) become
+    one row at their mean loss before any fit; the seed noise pools each member's variance
+    over its seeds; members of one seed measure none. A tuned field (an lr variant) still
+    keeps its best value, after its seeds are averaged."""
+    from transformer.scaling import report
+
+    def row(name, loss, seed, group=""):
+        return dict(name=name, group=group, budget="flops", budget_value=1e11,
+                    params_non_embedding=1000 if "d8" in name else 2000, val_loss=loss,
+                    seed=seed)
+
+    rows = [row("L4-d8_flop1.0e11", 3.00, 0), row("seed=1_L4-d8_flop1.0e11", 3.02, 1),
+            row("L4-d16_flop1.0e11", 2.90, None), row("seed=1_L4-d16_flop1.0e11", 2.86, 1)]
+    means = {r["name"]: r for r in report.seed_means(rows)}
+    assert set(means) == {"L4-d8_flop1.0e11", "L4-d16_flop1.0e11"}
+    assert means["L4-d8_flop1.0e11"]["val_loss"] == pytest.approx(3.01)
+    assert means["L4-d16_flop1.0e11"]["val_losses"] == [2.90, 2.86]
+    noise, members = report.seed_noise(rows)
+    assert members == 2
+    assert noise == pytest.approx(math.sqrt((0.02 ** 2 / 2 + 0.04 ** 2 / 2) / 2))
+    assert report.seed_noise(rows[::2]) is None
+    tuned = [row("lr=1_L4-d8_flop1.0e11", 3.00, 0), row("seed=1_lr=1_L4-d8_flop1.0e11", 3.10, 1),
+             row("lr=2_L4-d8_flop1.0e11", 3.04, 0), row("seed=1_lr=2_L4-d8_flop1.0e11", 3.04, 1)]
+    (best,) = report.best_per_size(tuned)
+    assert best["val_loss"] == pytest.approx(3.04) and best["name"].startswith("lr=2")
+
+
+def test_verify_takes_a_sweep_of_seeds_and_fits_each_sizes_mean(tmp_path):
+    """A sweep whose variants only set train.seed (configs/scaling/cpu_isoflop_rules.py) is
+    the base at several seeds: --verify plans from it (a variant setting anything else is
+    refused, above), fits one point per size at its seeds' mean, and holds Approach 3 to the
+    seed noise its paired members measure, not the sweep's assumed one."""
+    from transformer.scaling import verify
+    base = base_config()
+    base.model.update(vocab_size=0, max_seq_len=32)
+    base.train.update(batch_size=4)
+    base.sample.max_new_tokens = 10
+    sizes = [dict(name=f"L1-d{d}", n_layers=1, d_model=d, n_heads=-(-d // 16), d_ff=4 * d)
+             for d in (8, 16, 24, 32, 48, 64)]
+    seeds = [{"name": "", "group": "", "train.seed": 0},
+             {"name": "seed=1", "group": "", "train.seed": 1}]
+    sweep = scaling.sweep_config(base, sizes, "flops", [2e7, 6e7, 2e8], seeds,
+                                 seed_noise=0.5)
+    _write_planted_isoflop(tmp_path, sweep, TRUTH)
+    for k, run in enumerate(sorted(tmp_path.glob("seed=1_*/metrics.jsonl"))):
+        loss = json.loads(run.read_text())["val_loss"] + (0.004 if k % 2 else -0.004)
+        run.write_text(json.dumps({"step": 1, "val_loss": loss}) + "\n")
+    check, fits, C, best, size = verify.plan(tmp_path, None, n_boot=2, seeds=2)
+    assert [v["train.seed"] for v in check.variants] == [0, 1]
+    assert fits["seed_noise"] == pytest.approx(0.004 / math.sqrt(2), rel=1e-6)
+    assert fits["seed_noise_source"].startswith("measured over the seeds of")
+    assert len(fits["a3"] and fits["gate"]["budgets"]) == 3
+    assert sum(n for _, n, _ in fits["gate"]["budgets"].values()) == len(
+        [m for m in scaling.members(sweep) if not m.name.startswith("seed=")])

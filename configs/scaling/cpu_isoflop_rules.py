@@ -2,9 +2,11 @@
 batch, rates, weight decay and warm-up (transformer/scaling/rules.py, fed its width and real
 tokens; the quick start is the reference). 4 layers, widths 8..128, 5 budgets over 100x
 (6e10..6e12 FLOPs), each keeping the sizes whose tokens per compute-equivalent parameter
-C/(6D) fall in WINDOW: 27 runs. cpu_isoflop.py is the same ladder on fixed settings.
+C/(6D) fall in WINDOW: 27 runs per seed, at SEEDS. cpu_isoflop.py is the same ladder on fixed
+settings.
 
-    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules
+    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules \
+        --allow_change=variants   # a workdir of seed 0 alone gains seed 1
     python -m transformer scaling --workdir=runs/isoflop_rules --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop_rules --verify --seeds=2
 """
@@ -24,6 +26,12 @@ WINDOW = (0.75, 110)
 # loss over seeds, 0.004-0.010 on this recipe, docs/scaling.md): Approach 3 is trusted only
 # when its rmse is within 3x this.
 SEED_NOISE = 0.01
+# Seeds (train.seed): the first's members keep the plain names, later ones are variants named
+# seed=<s> in the same group, so the report averages a size's seeds before it fits (a
+# cluster per size in the bootstrap) and measures the seed noise from the paired members,
+# which then replaces SEED_NOISE (report.seed_noise). Seed 1 joined seed 0's workdir with
+# --allow_change=variants.
+SEEDS = (0, 1)
 
 
 def sizes(n_layers=N_LAYERS, widths=WIDTHS, head_dim=32, ff_ratio=2):
@@ -41,5 +49,7 @@ def get_config():
     # The whole standard library (~32 MB, ~10M tokens): no member reads it twice.
     base.data.update(max_bytes=32_000_000)
     base.train.update(eval_every=1_000_000, ckpt_every=2000, log_every=25)
+    seeds = [{"name": "" if k == 0 else f"seed={s}", "group": "", "train.seed": s}
+             for k, s in enumerate(SEEDS)]
     return sweep_config(base, sizes(), budget_kind="flops", budgets=BUDGETS, window=WINDOW,
-                        window_n="compute", rules=True, seed_noise=SEED_NOISE)
+                        window_n="compute", rules=True, seed_noise=SEED_NOISE, variants=seeds)

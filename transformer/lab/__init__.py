@@ -4,6 +4,7 @@ sample or plan. They produce the figures in docs/ and the dated rows in docs/rec
     records.py                   docs/records/*.jsonl rendered as docs/records.md; appending a row
     accelerators_table.py        docs/accelerators.md's table, from compile records
     isoflop_refit.py             a published IsoFLOP sweep refitted from its records alone
+    sweep_records.py             a sweep workdir's finished members appended as records
     nanogpt_side_by_side.py      the quick start and nanoGPT's CPU recipe on the same bytes
     nanochat_side_by_side.py     the quick start and nanochat's model and optimizer, same clock
     speedrun_rows.py             the speedrun's rows over seeds: mean, spread, p-value

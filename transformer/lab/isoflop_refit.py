@@ -2,6 +2,7 @@
 
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01 --record
+    python -m transformer.lab.isoflop_refit scaling/cpu_isoflop_rules.py --predict=2.4e13
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py scaling/cpu_isoflop_rules.py \
         --plot=docs/scaling_optima.png
 
@@ -25,7 +26,7 @@ import ml_collections
 from transformer.config.files import load
 from transformer.model import flops
 from transformer.model.sizes import model_config_of
-from transformer.scaling import chinchilla, isoflop, sweep as sweep_lib
+from transformer.scaling import chinchilla, isoflop, report, sweep as sweep_lib
 
 RECORDS = Path(__file__).resolve().parents[2] / "docs" / "records" / "scaling.jsonl"
 
@@ -35,7 +36,8 @@ def rows_from_records(sweep_file: str, records=RECORDS) -> tuple[list[dict], dic
     sweep = load(sweep_file)  # relative paths from configs/
     members = {m.name: m for m in sweep_lib.members(sweep)}
     name = Path(sweep_file).name
-    rows = []
+    rows = {}  # by member: a member recorded twice (retrained on a new machine) counts once,
+    # at its latest record
     for line in Path(records).read_text().splitlines():
         rec = json.loads(line)
         run = rec["result"].get("run")
@@ -44,25 +46,38 @@ def rows_from_records(sweep_file: str, records=RECORDS) -> tuple[list[dict], dic
         m = members[run]
         model = model_config_of(ml_collections.ConfigDict(m.config.to_dict()))
         counts = flops.param_counts(model)
-        rows.append(dict(name=run, budget="flops", budget_value=m.value, tokens=m.tokens,
+        rows[run] = dict(name=run, budget="flops", budget_value=m.value, tokens=m.tokens,
                          flops=flops.train_flops_per_token(model) * m.tokens,
                          params_non_embedding=counts["non_embedding"],
-                         params_total=counts["total"], val_loss=rec["result"]["val_loss"]))
-    return rows, json.loads(sweep.to_json())
+                         params_total=counts["total"], val_loss=rec["result"]["val_loss"],
+                         group=m.group, seed=m.config.train.seed)
+    return list(rows.values()), json.loads(sweep.to_json())
 
 
-def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple[list, dict]:
-    """(report lines, flat figures for a record)."""
+def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100,
+          predict: float | None = None) -> tuple[list, dict]:
+    """(report lines, flat figures for a record); with `predict` (FLOPs) the compute-optimal
+    size and loss there too, as --predict and --verify compute them (isoflop.optimum)."""
     rows, sweep = rows_from_records(sweep_file)
-    runs = isoflop.runs_of(rows)
+    measured = report.seed_noise(rows)  # members recorded at 2 or more seeds
+    runs = isoflop.runs_of(report.best_per_size(rows))  # a member's seeds averaged
     held, inside = isoflop.holdout(runs, "largest", n_boot)
     if seed_noise:
         sweep["seed_noise"] = seed_noise
-    fits = isoflop.fit_all(runs, n_boot, sweep, holdout_inside=inside)
-    lines = [f"{len(runs)} member records of {sweep_file}", "", *isoflop.describe(fits), "",
-             *isoflop.axes_lines(runs), "", *held]
+    fits = isoflop.fit_all(runs, n_boot, sweep, holdout_inside=inside, measured_noise=measured)
+    seeds = sorted({r["seed"] for r in rows if r.get("seed") is not None})
+    lines = [f"{len(rows)} member records of {sweep_file} ({len(runs)} sizes x budgets, "
+             f"seeds {seeds}: each point the mean over its seeds)", "",
+             *isoflop.describe(fits), "", *isoflop.axes_lines(runs), "", *held]
+    if measured:
+        lines += ["", f"seed noise {measured[0]:.4f} nats, pooled over the seeds of "
+                  f"{measured[1]} members"]
     a2, b2 = fits["a2"], fits["boot2"]
     figures = {"runs": len(runs), "N": "compute-equivalent C/(6D)"}
+    if measured:
+        figures.update(member_records=len(rows), seeds=", ".join(map(str, seeds)),
+                       seed_noise_measured=round(measured[0], 4),
+                       seed_noise_members=measured[1])
     for label, key in isoflop.N_AXES:
         f = chinchilla.approach2([dict(r, N=r[key]) for r in runs])
         short = key.removeprefix("N_") if key != "N" else "compute_equivalent"
@@ -72,16 +87,33 @@ def refit(sweep_file: str, seed_noise: float | None, n_boot: int = 100) -> tuple
     figures.update(a=round(a2["a"], 3), a_interval=f"{lo:.3f}, {hi:.3f}", b=round(a2["b"], 3))
     lo, hi = chinchilla.interval([f["b"] for f in b2])
     figures["b_interval"] = f"{lo:.3f}, {hi:.3f}"
+    within = chinchilla.bootstrap_within_budgets(runs, n_boot)
+    lo_w, hi_w = chinchilla.interval([f["a"] for f in within])
+    figures["a_interval_within_budgets"] = f"{lo_w:.3f}, {hi_w:.3f}"
+    lines += ["", f"a's 95% interval with resamples drawn within each budget (a diagnostic: "
+              f"budgets and sizes fixed): [{lo_w:.3f}, {hi_w:.3f}], {len(within)} of {n_boot}"]
     lo, hi = chinchilla.interval([f["a"] + f["b"] for f in b2])
     figures.update(a_plus_b=round(a2["a"] + a2["b"], 3), a_plus_b_interval=f"{lo:.3f}, {hi:.3f}")
     figures["tokens_per_param_opt"] = ", ".join(
         f"{b['D_opt'] / b['N_opt']:.3g} ({C:.1e})" for C, b in a2["budgets"].items())
     g = fits["gate"]
+    law = chinchilla.min_loss_law(a2)
+    if law:
+        figures["min_loss_law"] = f"E {law[0]:.3f}, A {law[1]:.4g}, alpha {law[2]:.4f}"
     figures.update(approach3_rmse=round(g["rmse"], 4), seed_noise=seed_noise,
                    approach3_budget_means=", ".join(f"{m:+.3f} ({b:.0e})" for b, (m, _, _)
                                                     in g["budgets"].items()),
                    holdout_inside=f"{inside:.2f}" if inside is not None else "none",
                    approach3_fits="yes" if g["fits"] else "no: " + "; ".join(g["reasons"]))
+    if predict:
+        p = isoflop.optimum(fits, predict)
+        size, n, _ = fits["cost"].nearest(p["N"])
+        lines += ["", *isoflop.prediction_lines(fits, predict)]
+        figures.update(predict_flops=predict, predict_source=p["source"],
+                       predict_N=f"{p['N']:.4g} [{p['N_int'][0]:.4g}, {p['N_int'][1]:.4g}]",
+                       predict_loss=round(p["loss"], 4),
+                       predict_loss_interval=f"{p['loss_int'][0]:.4f}, {p['loss_int'][1]:.4f}",
+                       predict_size=size["name"])
     return lines, figures
 
 
@@ -97,7 +129,7 @@ def plot_optima(sweep_files, out, seed_noise=None) -> Path:
     styles = iter(["C0", "C1", "C2", "C3", "C4"])
     anchor = None
     for i, sweep_file in enumerate(sweep_files):
-        runs = isoflop.runs_of(rows_from_records(sweep_file)[0])
+        runs = isoflop.runs_of(report.best_per_size(rows_from_records(sweep_file)[0]))
         axes = [("non-embedding N (as published)", "N_non_embedding")] if i == 0 else []
         for label, key in axes + [("compute-equivalent N = C/(6D)", "N")]:
             f = chinchilla.approach2([dict(r, N=r[key]) for r in runs])
@@ -135,19 +167,22 @@ def main(argv=None) -> None:
     parser.add_argument("--bootstrap", type=int, default=100)
     parser.add_argument("--record", action="store_true", help="append the first sweep's refit")
     parser.add_argument("--plot", default=None, help="PNG of N_opt and D_opt against C")
+    parser.add_argument("--predict", type=float, default=None, help="FLOPs: the optimum there")
     args = parser.parse_args(argv)
     if args.plot:
         print(f"wrote {plot_optima(args.sweep, args.plot)}")
         return
-    lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap)
+    lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap, args.predict)
     print("\n".join(lines))
     if args.record:
         from transformer.lab import records
         command = (f"python -m transformer.lab.isoflop_refit {args.sweep[0]} --seed_noise="
-                   f"{args.seed_noise} --bootstrap={args.bootstrap} --record")
+                   f"{args.seed_noise} --bootstrap={args.bootstrap}"
+                   + (f" --predict={args.predict:g}" if args.predict else "") + " --record")
         records.append(RECORDS, records.record(
             {"cpu": f"any ({platform.machine()}): no training, a refit of recorded losses",
-             "cores": os.cpu_count()}, command, [0],
+             "cores": os.cpu_count()}, command,
+            [int(x) for x in str(figures.get("seeds", "0")).split(", ")],
             figures, note="refit of the recorded members, no training: N as the FLOP count "
             "counts it (compute-equivalent C/(6D)); the other counts as columns"))
 

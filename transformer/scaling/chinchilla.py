@@ -124,18 +124,45 @@ def sum_warning(f: dict | None) -> str | None:
             "on compute-equivalent parameters C/(6D)")
 
 
+MIN_LOSS_BUDGETS = 4  # budgets the saturating law needs (3 constants and one to spare)
+
+
 def min_loss_law(f: dict | None):
-    """(k, g) of L_opt(C) = k·C^g, a line in log-log through the fitted budgets' minimum
-    losses of Approach 2 (its parabolas' lowest points); None with fewer than 2. The loss a
-    prediction stands on when Approach 3 does not fit (scaling/gate.py)."""
+    """(E, A, α) of L_opt(C) = E + A·C^(−α) through the fitted budgets' minimum losses of
+    Approach 2 (its parabolas' lowest points); None with fewer than 2. The loss a prediction
+    stands on when Approach 3 does not fit (scaling/gate.py), decided before the
+    verification of 2026-12-07 was run: a loss cannot fall below the data's entropy, so
+    the minima approach a floor E (Hoffmann et al. 2022's L(C) at the optimum has this form),
+    where a pure power law k·C^g (the rule before, E = 0) walks down a straight line in
+    log-log forever. E is chosen on a grid of 400 values in [0, 0.99·the lowest minimum)
+    (E = 0 included: the power law is one of the fits), A and α by least squares of
+    log(L − E) on log C at each, keeping the E whose fitted losses miss the minima least
+    (squared error in log L). With fewer than MIN_LOSS_BUDGETS budgets E = 0: three
+    constants through three points would fit anything."""
     if not f or len(f["fitted"]) < 2:
         return None
     C = np.array(f["fitted"], float)
     loss = np.array([f["budgets"][c]["loss_opt"] for c in f["fitted"]], float)
     if not (loss > 0).all():
         return None
-    g, log_k = np.polyfit(np.log(C), np.log(loss), 1)
-    return math.exp(log_k), float(g)
+    floors = np.linspace(0.0, 0.99 * loss.min(), 400) if len(C) >= MIN_LOSS_BUDGETS \
+        else np.zeros(1)
+    best = None
+    for E in floors:
+        slope, log_a = np.polyfit(np.log(C), np.log(loss - E), 1)
+        fitted = E + math.exp(log_a) * C ** slope
+        err = float(np.sum((np.log(fitted) - np.log(loss)) ** 2))
+        if best is None or err < best[0]:
+            best = (err, float(E), math.exp(log_a), float(-slope))
+    return best[1:]
+
+
+def min_loss_at(law, C: float) -> float:
+    """L_opt(C) = E + A·C^(−α) of min_loss_law; nan without a law."""
+    if law is None:
+        return math.nan
+    E, A, alpha = law
+    return E + A * C ** -alpha
 
 
 def approach2_optimum(f: dict, C: float):
@@ -252,6 +279,24 @@ def bootstrap(runs, n: int = 100, seed: int = 0, approach3_fit: dict | None = No
         if f3 is not None:
             fits3.append(f3)
     return fits2, fits3
+
+
+def bootstrap_within_budgets(runs, n: int = 100, seed: int = 0) -> list[dict]:
+    """Approach 2 refitted on `n` resamples drawn within each budget (each budget keeps its
+    number of runs, drawn with replacement from its own): the design's budgets and sizes fixed,
+    only the losses' noise resampled. A diagnostic beside `bootstrap`, whose resamples across
+    all runs also move runs between budgets (a budget drawn with too few sizes drops out)."""
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.get("budget", r["C"]), []).append(r)
+    fits = []
+    for _ in range(n):
+        sample = [g[i] for g in groups.values() for i in rng.integers(0, len(g), len(g))]
+        f = approach2(sample)
+        if f is not None:
+            fits.append(f)
+    return fits
 
 
 def interval(values, level: float = 0.95):

@@ -17,8 +17,8 @@ So Approach 3 is trusted only when none of these holds (each, when it does, is a
    95% bootstrap intervals (`--holdout=largest`; not judged without it).
 
 When it does not fit, the report says so and why, and predictions come from Approach 2
-(isoflop.optimum): N_opt = k·C^a, D = C / F(N), the loss from a line through each budget's
-minimum loss against C (chinchilla.min_loss_law).
+(isoflop.optimum): N_opt = k·C^a, D = C / F(N), the loss from E + A·C^(−α) through each
+budget's minimum loss (chinchilla.min_loss_law).
 """
 
 from __future__ import annotations
@@ -75,13 +75,15 @@ def judge(runs, a3: dict | None, seed_noise: float | None = None,
     return dict(fits=not reasons, reasons=reasons, rmse=rmse, budgets=budgets)
 
 
-def lines(verdict: dict, seed_noise: float | None, holdout_judged: bool) -> list[str]:
+def lines(verdict: dict, seed_noise: float | None, holdout_judged: bool,
+          noise_source: str | None = None) -> list[str]:
     """Markdown: each budget's mean residual, then whether Approach 3 fits, and why not."""
     out = ["Approach 3's residuals (measured minus fitted loss, nats) by budget:", "",
            "| budget C | runs | mean residual | all one sign |", "|---|---:|---:|---|"]
     for b, (mean, n, one) in verdict["budgets"].items():
         out.append(f"| {b:.2g} | {n} | {mean:+.4f} | {'yes' if one else 'no'} |")
-    noise = f"{seed_noise:.4f}" if seed_noise else "unknown (sweep.seed_noise not set)"
+    noise = (f"{seed_noise:.4f}" + (f", {noise_source}" if noise_source else "")
+             if seed_noise else "unknown (sweep.seed_noise not set)")
     out += ["", f"rmse {verdict['rmse']:.4f} nats; the recipe's seed noise {noise}"
             + ("" if holdout_judged else "; holdout not checked (--holdout=largest)")]
     if verdict["fits"]:

@@ -163,15 +163,20 @@ def cost_of(sweep: dict | None, runs):
 
 
 def fit_all(runs, n_boot: int = 100, sweep: dict | None = None,
-            holdout_inside: float | None = None) -> dict:
+            holdout_inside: float | None = None,
+            measured_noise: tuple[float, int] | None = None) -> dict:
     """Both approaches on all runs, their bootstrap refits, the FLOPs-per-token cost, and
-    whether Approach 3 fits (gate.judge, against the sweep's seed_noise and the holdout's
-    coverage when known)."""
+    whether Approach 3 fits (gate.judge, against the seed noise and the holdout's coverage
+    when known). The seed noise is `measured_noise` ((nats, members), report.seed_noise:
+    from the sweep's members trained at 2 or more seeds) where given, else the sweep's
+    assumed seed_noise."""
     a2, a3 = chinchilla.approach2(runs), chinchilla.approach3(runs)
     fits2, fits3 = chinchilla.bootstrap(runs, n_boot, approach3_fit=a3) if a3 or a2 else ([], [])
-    noise = (sweep or {}).get("seed_noise")
+    noise = measured_noise[0] if measured_noise else (sweep or {}).get("seed_noise")
+    source = (f"measured over the seeds of {measured_noise[1]} members" if measured_noise
+              else "assumed (sweep.seed_noise)" if noise else None)
     return dict(a2=a2, a3=a3, boot2=fits2, boot3=fits3, n_boot=n_boot,
-                cost=cost_of(sweep, runs), seed_noise=noise,
+                cost=cost_of(sweep, runs), seed_noise=noise, seed_noise_source=source,
                 gate=gate.judge(runs, a3, noise, holdout_inside),
                 holdout_judged=holdout_inside is not None)
 
@@ -234,7 +239,8 @@ def describe(fits) -> list[str]:
         lines.append("implied N_opt ∝ C^a, a = β/(α+β) = "
                      f"{_pm(a_opt, [f['beta'] / (f['alpha'] + f['beta']) for f in b3])}")
         lines += ["", *gate.lines(fits["gate"], fits.get("seed_noise"),
-                                  fits.get("holdout_judged", False))]
+                                  fits.get("holdout_judged", False),
+                                  fits.get("seed_noise_source"))]
     else:
         lines.append("Approach 3: needs at least 6 runs with 3 sizes and 3 token counts")
     return lines
@@ -243,7 +249,8 @@ def describe(fits) -> list[str]:
 def optimum(fits, C: float) -> dict:
     """Compute-optimal N, D and the loss at budget C, with 95% intervals from the bootstrap
     refits: from Approach 3 where it fits (gate.judge), else from Approach 2 (N_opt = k·C^a,
-    the loss from a line through each budget's minimum loss against C). `source` says which;
+    the loss from L_opt(C) = E + A·C^(−α) through each budget's minimum loss,
+    chinchilla.min_loss_law). `source` says which;
     N_a2, D_a2 are Approach 2's in either case."""
     a2, a3, cost = fits["a2"], fits["a3"], fits["cost"]
     trusted = a3 is not None and fits.get("gate", {"fits": True})["fits"]
@@ -269,10 +276,9 @@ def optimum(fits, C: float) -> dict:
 
 def _approach2_point(a2: dict, C: float, cost) -> tuple[float, float, float]:
     """(N_opt, D = C / F(N_opt), L_opt(C)) from Approach 2's power law and its budgets'
-    minimum losses (nan loss with fewer than 2 fitted budgets)."""
+    minimum losses (chinchilla.min_loss_law; nan loss with fewer than 2 fitted budgets)."""
     n = chinchilla.approach2_optimum(a2, C)[0]
-    law = chinchilla.min_loss_law(a2)
-    return n, C / float(cost(n)), (law[0] * C ** law[1] if law else math.nan)
+    return n, C / float(cost(n)), chinchilla.min_loss_at(chinchilla.min_loss_law(a2), C)
 
 
 def nearest_size(cost, n_target: float) -> str:
@@ -302,7 +308,7 @@ def prediction_lines(fits, C: float) -> list[str]:
              f"  predicted val loss = {p['loss']:.4f} "
              f"[{p['loss_int'][0]:.4f}, {p['loss_int'][1]:.4f}] nats/token"
              + ("" if p["source"] == "Approach 3" else
-                " (a line through each budget's minimum loss against C)"),
+                " (E + A·C^(−α) through each budget's minimum loss)"),
              f"  nearest ladder size: {nearest_size(fits['cost'], p['N'])}"]
     if isinstance(fits["cost"], LadderCost):
         lines.append("  (D(N, C) = C / F(N), F counted along the ladder rule: "

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -69,11 +70,49 @@ def _frontier(rows):
     return out
 
 
+_SEED = re.compile(r"(^|_)seed=-?\d+(?=_|$)")
+
+
+def _seedless(name: str) -> str:
+    """A member's name without its seed variant ("seed=1_L4-d8_flop6.0e10" -> "L4-d8_...")."""
+    return _SEED.sub("", name).lstrip("_")
+
+
+def seed_means(rows) -> list[dict]:
+    """One row per member up to its seed: the seeds of one member (variants that set
+    train.seed, named seed=<s>, the first seed's with the plain name) averaged. The row keeps
+    the first seed's fields, its val_loss is the mean over the seeds, `val_losses` the
+    losses by seed and `seeds` how many. A member of one seed passes through unchanged."""
+    by = {}
+    for r in sorted(rows, key=lambda r: (r.get("seed") or 0, r["name"])):
+        by.setdefault((r["group"], _seedless(r["name"])), []).append(r)
+    out = []
+    for same in by.values():
+        row = dict(same[0])
+        losses = [r["val_loss"] for r in same]
+        row.update(val_loss=float(np.mean(losses)), val_losses=losses, seeds=len(same))
+        out.append(row)
+    return out
+
+
+def seed_noise(rows) -> tuple[float, int] | None:
+    """(the seed noise: the standard deviation of one run's final val loss over seeds, pooled
+    over every member trained at 2 or more seeds, nats; how many such members), or None when
+    no member has 2 seeds. Pooled as the root mean of each member's variance (ddof 1): the
+    seeds of one member share its size, budget and settings and differ only in seed."""
+    variances = [np.var(r["val_losses"], ddof=1) for r in seed_means(rows)
+                 if r["seeds"] > 1 and np.isfinite(r["val_losses"]).all()]
+    if not variances:
+        return None
+    return float(np.sqrt(np.mean(variances))), len(variances)
+
+
 def best_per_size(rows) -> list[dict]:
-    """One row per (group, budget, size): the lowest val loss, so that members differing only
-    in a tuned field (train.lr) count once, at their best value, in every fit."""
+    """One row per (group, budget, size): a member's seeds averaged (seed_means), then the
+    lowest val loss, so that members differing only in a tuned field (train.lr) count once,
+    at their best value, in every fit."""
     best = {}
-    for r in rows:
+    for r in seed_means(rows):
         key = (r["group"], r["budget_value"], r["params_non_embedding"])
         if key not in best or r["val_loss"] < best[key]["val_loss"]:
             best[key] = r
@@ -116,12 +155,17 @@ def _fits(ok) -> dict:
     return fits, lines
 
 
-def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
+def _isoflop_section(workdir, ok, holdout, n_boot, noise=None) -> tuple[dict, list[str]]:
     from transformer.scaling import isoflop
     runs = isoflop.runs_of(ok)
     held_lines, inside = isoflop.holdout(runs, holdout, n_boot) if holdout else ([], None)
-    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir), holdout_inside=inside)
+    fits = isoflop.fit_all(runs, n_boot, _sweep_of(workdir), holdout_inside=inside,
+                           measured_noise=noise)
     lines = ["", *isoflop.describe(fits), "", *isoflop.axes_lines(runs)]
+    if noise:
+        lines += ["", f"seed noise: {noise[0]:.4f} nats (the standard deviation of one run's "
+                  f"final val loss over seeds, pooled over the {noise[1]} members trained at 2 "
+                  "or more seeds); the fits use each member's mean over its seeds"]
     if fits["a3"] is not None or fits["a2"] is not None:
         largest = max(r["budget"] for r in runs)
         lines += ["", *isoflop.prediction_lines(fits, largest)]
@@ -129,7 +173,8 @@ def _isoflop_section(workdir, ok, holdout, n_boot) -> tuple[dict, list[str]]:
         lines += ["", *held_lines]
     png = isoflop.plot_isoflop(runs, fits, workdir / "isoflop.png")
     lines.append(f"wrote {png}")
-    summary = {"approach2": {k: v for k, v in (fits["a2"] or {}).items() if k != "budgets"},
+    summary = {"seed_noise": fits["seed_noise"], "seed_noise_source": fits["seed_noise_source"],
+               "approach2": {k: v for k, v in (fits["a2"] or {}).items() if k != "budgets"},
                "approach3": fits["a3"],
                "approach3_fits": {k: v for k, v in fits["gate"].items() if k != "budgets"}}
     return summary, lines
@@ -162,7 +207,9 @@ def report(workdir, log=print, holdout: str | None = None, n_boot: int = 100) ->
     for g in groups:
         fits, fit_lines = _fits([r for r in ok if r["group"] == g])
         if rows[0]["budget"] == "flops" and len(groups) == 1:
-            fits["isoflop"], iso_lines = _isoflop_section(workdir, ok, holdout, n_boot)
+            fits["isoflop"], iso_lines = _isoflop_section(
+                workdir, ok, holdout, n_boot,
+                seed_noise([r for r in rows if math.isfinite(r["val_loss"])]))
             fit_lines += iso_lines
         by_group[g] = fits
         lines += ["", *([f"## {g}", ""] if len(groups) > 1 else []), *fit_lines]
@@ -212,7 +259,8 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
     """Compute-optimal N, D and loss at any budget, from the IsoFLOP runs in `workdir`."""
     from transformer.scaling import isoflop
     workdir = Path(workdir)
-    ok = best_per_size([r for r in collect(workdir) if math.isfinite(r["val_loss"])])
+    finite = [r for r in collect(workdir) if math.isfinite(r["val_loss"])]
+    ok = best_per_size(finite)
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--predict: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
@@ -221,7 +269,8 @@ def predict(workdir, flops_budget: float, log=print, n_boot: int = 100) -> dict:
         raise ConfigError(f"--predict: {workdir} holds the runs of {len(groups)} variants "
                           f"({', '.join(groups)}); the compute-optimal fits take one sweep "
                           "without variants (the report fits each variant's L(N) and L(C))")
-    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir))
+    fits = isoflop.fit_all(isoflop.runs_of(ok), n_boot, _sweep_of(workdir),
+                           measured_noise=seed_noise(finite))
     log("\n".join(isoflop.prediction_lines(fits, flops_budget)))
     return isoflop.optimum(fits, flops_budget)
 

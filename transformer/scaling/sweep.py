@@ -347,7 +347,7 @@ def run(sweep, workdir, index=None, log=print, progress: bool = True,
             tokens=m.tokens, params_total=counts["total"],
             params_non_embedding=counts["non_embedding"],
             flops=flops.train_flops_per_token(model) * m.tokens, wall_s=wall_s,
-            group=m.group), indent=1))
+            group=m.group, seed=m.config.train.seed), indent=1))
         trained.append(m.name)
     return trained
 

@@ -16,8 +16,9 @@ and a rerun skips what finished.
 
 Two checks are printed. The loss: the predicted size's measured loss (its mean over the
 seeds) against the predicted loss with its 95% bootstrap interval, in % and in half-widths:
-Approach 3's L(N, D) at its N and D where Approach 3 fits, else the line through each
-budget's minimum loss against C. The size: the runs of one seed share data order and
+Approach 3's L(N, D) at its N and D where Approach 3 fits, else L_opt(C) = E + A·C^(−α)
+through each budget's minimum loss (chinchilla.min_loss_law; the rule was written down before
+the verification at 2.4e13 was run, and is not fitted to its result). The size: the runs of one seed share data order and
 validation batches, so a neighbour's loss minus the predicted size's is a paired gap; its
 seed spread is the standard deviation of that gap over the seeds (not measured with one
 seed). The verdict is one of three:
@@ -53,8 +54,8 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
     """(the sweep to train: the predicted size and its neighbours at C, one variant per seed;
     the fits, C, the predicted optimum, the predicted size) for `workdir`."""
     workdir = Path(workdir)
-    ok = report.best_per_size([r for r in report.collect(workdir)
-                                  if math.isfinite(r["val_loss"])])
+    finite = [r for r in report.collect(workdir) if math.isfinite(r["val_loss"])]
+    ok = report.best_per_size(finite)
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--verify: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
@@ -62,13 +63,15 @@ def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: i
     if not saved or not saved.get("base"):
         raise ConfigError(f"--verify: {workdir}/sweep.json with the sweep's base config is "
                           "missing: the run to verify is built from it")
-    if saved.get("variants"):  # it would train the base, which no member of the sweep is
+    if any(set(v) - {"name", "group", "train.seed"} for v in saved.get("variants") or []):
+        # it would train the base, which no member of the sweep is (variants that set only
+        # train.seed are the base's seeds: their members are averaged before the fits)
         names = ", ".join(v.get("name", "?") for v in saved["variants"])
         raise ConfigError(f"--verify: {workdir}'s sweep has variants ({names}) and --verify "
                           "trains its base config, which none of them is: verify a sweep "
                           "without variants (for a train.lr grid, one at the best lr)")
     runs = isoflop.runs_of(ok)
-    fits = isoflop.fit_all(runs, n_boot, saved)
+    fits = isoflop.fit_all(runs, n_boot, saved, measured_noise=report.seed_noise(finite))
     C = flops_budget or FACTOR * max(r["budget"] for r in runs)
     best = isoflop.optimum(fits, C)  # Approach 3 where it fits, else Approach 2
     cost = fits["cost"]
@@ -191,14 +194,14 @@ def verify(workdir, flops_budget: float | None = None, log=print, n_boot: int = 
 
 def predicted_loss(fits, best: dict, N: float, D: float):
     """(loss, (lo, hi), how) the trained size should reach: Approach 3's L(N, D) at its own
-    N and D where Approach 3 fits, else the optimum's loss at C from the line through each
+    N and D where Approach 3 fits, else the optimum's loss at C from E + A·C^(−α) through each
     budget's minimum loss (isoflop.optimum)."""
     if best["source"] == "Approach 3":
         lo_hi = chinchilla.interval([float(chinchilla.loss_nd(f, N, D)) for f in fits["boot3"]])
         return (float(chinchilla.loss_nd(fits["a3"], N, D)), lo_hi,
                 f"Approach 3 at this N and D, {len(fits['boot3'])} resamples")
-    return (best["loss"], best["loss_int"], "Approach 3 does not fit: the line through each "
-            f"budget's minimum loss against C, {len(fits['boot2'])} resamples")
+    return (best["loss"], best["loss_int"], "Approach 3 does not fit: E + A·C^(−α) through each "
+            f"budget's minimum loss, {len(fits['boot2'])} resamples")
 
 
 def _size_table(check, members, rows, predicted: str, fits, C: float, seeds: int):
