@@ -130,9 +130,9 @@ MIN_LOSS_BUDGETS = 4  # budgets the saturating law needs (3 constants and one to
 def min_loss_law(f: dict | None):
     """(E, A, α) of L_opt(C) = E + A·C^(−α) through the fitted budgets' minimum losses of
     Approach 2 (its parabolas' lowest points); None with fewer than 2. The loss a prediction
-    stands on when Approach 3 does not fit (scaling/gate.py), decided before the
-    verification of 2026-12-07 was run: a loss cannot fall below the data's entropy, so
-    the minima approach a floor E (Hoffmann et al. 2022's L(C) at the optimum has this form),
+    stands on when Approach 3 does not fit (scaling/gate.py). A loss cannot fall below the
+    data's entropy, so the minima approach a floor E (Hoffmann et al. 2022's L(C) at the
+    optimum has this form),
     where a pure power law k·C^g (the rule before, E = 0) walks down a straight line in
     log-log forever. E is chosen on a grid of 400 values in [0, 0.99·the lowest minimum)
     (E = 0 included: the power law is one of the fits), A and α by least squares of

@@ -17,8 +17,8 @@ and a rerun skips what finished.
 Two checks are printed. The loss: the predicted size's measured loss (its mean over the
 seeds) against the predicted loss with its 95% bootstrap interval, in % and in half-widths:
 Approach 3's L(N, D) at its N and D where Approach 3 fits, else L_opt(C) = E + A·C^(−α)
-through each budget's minimum loss (chinchilla.min_loss_law; the rule was written down before
-the verification at 2.4e13 was run, and is not fitted to its result). The size: the runs of one seed share data order and
+through each budget's minimum loss (chinchilla.min_loss_law, fitted to the sweep alone, never
+to a verification's result). The size: the runs of one seed share data order and
 validation batches, so a neighbour's loss minus the predicted size's is a paired gap; its
 seed spread is the standard deviation of that gap over the seeds (not measured with one
 seed). The verdict is one of three:
