@@ -79,16 +79,18 @@ def test_the_rules_are_the_depth_dials_fed_the_members_tokens():
 def test_a_sweep_with_rules_gives_each_member_its_own_settings():
     """configs/scaling/cpu_isoflop_rules.py: every member carries the rules' settings for its
     width and tokens; the window (tokens per compute-equivalent parameter) keeps 5 or more
-    sizes a budget, all inside it; the rules off, every member has the base's batch."""
+    sizes a budget, all inside it, the half-steps inside their own narrower one; the rules
+    off, every member has the base's batch."""
     iso = _load("cpu_isoflop_rules")
     sweep = iso.get_config()
     members = scaling.members(sweep)
-    low, high = sweep.window
     for budget in iso.BUDGETS:
         assert sum(m.value == budget for m in members) >= 5, budget
     for m in members:
         model = model_config_of(m.config)
         F = flops.train_flops_per_token(model)
+        half_step = m.config.model.d_model in iso.HALF_STEPS
+        low, high = iso.HALF_STEP_WINDOW if half_step else iso.WINDOW
         assert low * 0.98 <= m.tokens / (F / 6) <= high * 1.02, m.name
         got = rules.settings(sweep.base, m.config.model.d_model, m.value / F)
         for key, value in got.items():

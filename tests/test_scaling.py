@@ -768,6 +768,35 @@ def test_a_window_keeps_at_each_budget_the_sizes_whose_tokens_per_param_it_holds
             scaling.members(bad)
 
 
+def test_a_sizes_own_window_replaces_the_sweeps_for_that_size_alone():
+    """A size's keep_within (half-steps kept near each optimum) keeps it exactly where its
+    tokens per parameter fall inside its own window, however wide the sweep's; the other sizes
+    keep the sweep's window; keep_within is no model field (the member builds without it); a
+    bad one is refused naming sweep.sizes[k].keep_within."""
+    from transformer.model import flops
+    from transformer.model.sizes import model_config_of
+    base = base_config()
+    base.model.update(max_seq_len=32)
+    size = lambda d, **kw: dict(name=f"L1-d{d}", n_layers=1, d_model=d, n_heads=1,
+                                d_ff=2 * d, **kw)
+    sweep = scaling.sweep_config(base, [size(8), size(16), size(12, keep_within=(20, 60))],
+                                 "flops", (3e9, 3e10), window=(1, 1000), window_n="compute")
+    per_param = {}
+    for m in scaling.members(sweep):
+        assert "keep_within" not in m.config.model
+        per_param[m.name] = m.tokens / (flops.train_flops_per_token(model_config_of(m.config)) / 6)
+    kept_d12 = {name for name in per_param if "-d12_" in name}
+    assert kept_d12 and all(20 <= per_param[name] <= 60 for name in kept_d12)
+    assert sum("-d8_" in name or "-d16_" in name for name in per_param) == 4  # the sweep's window
+    wide = copy.deepcopy(sweep)
+    wide.sizes[2] = size(12)
+    assert sum("-d12_" in m.name for m in scaling.members(wide)) == 2 > len(kept_d12)
+    bad = copy.deepcopy(sweep)
+    bad.sizes[2] = size(12, keep_within=(60, 20))
+    with pytest.raises(ConfigError, match=r"sweep.sizes\[2\].keep_within"):
+        scaling.members(bad)
+
+
 def test_a_members_seeds_are_averaged_and_their_spread_is_the_seed_noise():
     """Members differing only in a seed variant (seed=<s>_..., the first seed plain) become
     one row at their mean loss before any fit; the seed noise pools each member's variance
@@ -818,6 +847,11 @@ def test_verify_takes_a_sweep_of_seeds_and_fits_each_sizes_mean(tmp_path):
         run.write_text(json.dumps({"step": 1, "val_loss": loss}) + "\n")
     check, fits, C, best, size = verify.plan(tmp_path, None, n_boot=2, seeds=2)
     assert [v["train.seed"] for v in check.variants] == [0, 1]
+    # From the members' rows and the sweep alone (a refit of records, no run folders): the
+    # same plan.
+    again = verify.plan(tmp_path / "elsewhere", None, n_boot=2, seeds=2,
+                        rows=report_lib.collect(tmp_path), saved=json.loads(sweep.to_json()))
+    assert again[0].to_json() == check.to_json() and again[2:] == (C, best, size)
     assert fits["seed_noise"] == pytest.approx(0.004 / math.sqrt(2), rel=1e-6)
     assert fits["seed_noise_source"].startswith("measured over the seeds of")
     assert len(fits["a3"] and fits["gate"]["budgets"]) == 3

@@ -18,7 +18,7 @@ import math
 import sys
 
 from transformer.scaling.report import predict, report
-from transformer.scaling.sweep import run
+from transformer.scaling.sweep import SIZE_ONLY, run
 
 
 def _refuse_overrides_the_members_replace(sweep, argv) -> None:
@@ -30,7 +30,8 @@ def _refuse_overrides_the_members_replace(sweep, argv) -> None:
     if "sizes" not in sweep:  # not a sweep config at all: run() says so
         return
     sizes = sweep.sizes or []
-    replaced = {"train.steps"} | {f"model.{k}" for size in sizes for k in size if k != "name"}
+    replaced = {"train.steps"} | {f"model.{k}" for size in sizes for k in size
+                                  if k not in SIZE_ONLY}
     for arg in argv[1:]:
         name = arg.split("=", 1)[0].removeprefix("--sweep.base.")
         if arg.startswith("--sweep.base.") and name in replaced:

@@ -65,7 +65,9 @@ def sweep_config(base, sizes, budget_kind: str, budgets, variants=(), window=Non
     non-embedding parameter fall in [low, high]: an IsoFLOP sweep over 100x in compute then
     trains, at each budget, the sizes around its optimum, not a 10,000-step run of a size far
     too small for it or a 10-step run of one far too large. `window_n="compute"` counts those
-    tokens per compute-equivalent parameter C/(6D) instead. `rules=True` gives each member its
+    tokens per compute-equivalent parameter C/(6D) instead. A size may carry its own
+    "keep_within": (low, high), which replaces `window` for that size: half-steps of a ladder
+    kept only near each budget's optimum, where they sharpen its valley. `rules=True` gives each member its
     batch, rates, weight decay and warm-up by scaling/rules.py from its width and tokens.
     `seed_noise` (nats per token): the recipe's seed noise, which the report holds Approach 3's
     rmse against (scaling/gate.py)."""
@@ -129,6 +131,8 @@ class Member:
 
 
 SWEEP_KEYS = ("base", "sizes", "budget_kind", "budgets")
+# Keys of a size that are not model fields: its name, and the window it alone is kept within.
+SIZE_ONLY = ("name", "keep_within")
 
 
 def check(sweep) -> None:
@@ -155,13 +159,16 @@ def check(sweep) -> None:
                 not math.isfinite(value) or value <= 0:
             raise ConfigError(f"sweep.budgets={tuple(sweep.budgets)!r}: every budget must be a "
                               f"positive number ({kind}), not {value!r}")
-    window = sweep.get("window")
-    if window is not None and not (len(window) == 2 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in window)
-            and 0 < window[0] < window[1]):
-        raise ConfigError(f"sweep.window={window!r}: give (low, high) tokens per "
-                          "non-embedding parameter with 0 < low < high, or None for every size "
-                          "at every budget")
+    windows = [("sweep.window", sweep.get("window"))] + [
+        (f"sweep.sizes[{k}].keep_within", size["keep_within"])
+        for k, size in enumerate(sweep.sizes) if size.get("keep_within") is not None]
+    for field, window in windows:
+        if window is not None and not (len(window) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in window)
+                and 0 < window[0] < window[1]):
+            raise ConfigError(f"{field}={window!r}: give (low, high) tokens per "
+                              "parameter with 0 < low < high, or None for every size at every "
+                              "budget")
 
 
 def members(sweep) -> list[Member]:
@@ -175,7 +182,7 @@ def members(sweep) -> list[Member]:
     for variant, value, size in itertools.product(variants, sweep.budgets, sweep.sizes):
         config = ml_collections.ConfigDict(sweep.base.to_dict())
         _apply_variant(config, variant)
-        config.model.update({k: v for k, v in size.items() if k != "name"})
+        config.model.update({k: v for k, v in size.items() if k not in SIZE_ONLY})
         if config.model.depth:  # a depth ladder: the depth's sizes, rates and batch
             # (config/depth.py); the budget sets the steps, which its run then keeps
             # (tokens_per_param=0: the other rules do not read the ratio).
@@ -190,7 +197,8 @@ def members(sweep) -> list[Member]:
             tokens = value / flops.train_flops_per_token(model)
         else:
             tokens = value * non_embedding
-        if window and not window[0] <= tokens / _window_n(sweep, model) <= window[1]:
+        keep = size.get("keep_within") or window
+        if keep and not keep[0] <= tokens / _window_n(sweep, model) <= keep[1]:
             continue
         kept[value] += 1
         config = _member_settings(sweep, variant, config, tokens)
@@ -201,7 +209,8 @@ def members(sweep) -> list[Member]:
         out.append(Member(len(out), name, validate(config), kind, value, group))
     empty = [value for value, n in kept.items() if not n]
     if empty:
-        raise ConfigError(f"sweep.window={tuple(window)!r}: no size falls in it at budget(s) "
+        shown = tuple(window) if window else None
+        raise ConfigError(f"sweep.window={shown!r}: no size falls in it at budget(s) "
                           f"{', '.join(f'{v:g}' for v in empty)}: widen the window, or add "
                           "sizes")
     seen = {}
