@@ -3,6 +3,8 @@
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py --seed_noise=0.01 --record
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop_rules.py --predict=2.4e13
+    python -m transformer.lab.isoflop_refit scaling/cpu_isoflop_rules.py --predict=9.6e13 \
+        --verify=runs/isoflop_rules --seeds=2   # train the prediction, from the records alone
     python -m transformer.lab.isoflop_refit scaling/cpu_isoflop.py scaling/cpu_isoflop_rules.py \
         --plot=docs/scaling_optima.png
 
@@ -10,7 +12,9 @@ Each member record of docs/records/scaling.jsonl whose command names the sweep f
 member's name and final val loss; the sweep file rebuilds the member (sweep.members), so its
 exact tokens, parameter counts and counted FLOPs come from the config, not from the rounded
 figures of the record. The fits are the report's (isoflop.fit_all, gate.judge, the holdout of
-the largest budget); `--record` appends the refit's figures as one record.
+the largest budget); `--record` appends the refit's figures as one record. `--verify=WORKDIR`
+runs the sweep's --verify (scaling/verify.py) on these fits, into WORKDIR/verify/flop<C>/, so
+a published prediction is checked from a clone that has the records and none of the runs.
 """
 
 from __future__ import annotations
@@ -168,9 +172,22 @@ def main(argv=None) -> None:
     parser.add_argument("--record", action="store_true", help="append the first sweep's refit")
     parser.add_argument("--plot", default=None, help="PNG of N_opt and D_opt against C")
     parser.add_argument("--predict", type=float, default=None, help="FLOPs: the optimum there")
+    parser.add_argument("--verify", default=None, metavar="WORKDIR",
+                        help="train the predicted size at --predict FLOPs (default 4x the "
+                        "largest budget) and the sizes at half and twice its N, --seeds each, "
+                        "in WORKDIR/verify/flop<C>/")
+    parser.add_argument("--seeds", type=int, default=2, help="with --verify: seeds per size")
     args = parser.parse_args(argv)
     if args.plot:
         print(f"wrote {plot_optima(args.sweep, args.plot)}")
+        return
+    if args.verify:
+        from transformer.scaling import verify
+        rows, sweep = rows_from_records(args.sweep[0])
+        if args.seed_noise:
+            sweep["seed_noise"] = args.seed_noise
+        verify.verify(args.verify, args.predict, n_boot=args.bootstrap, progress=False,
+                      seeds=args.seeds, rows=rows, saved=sweep)
         return
     lines, figures = refit(args.sweep[0], args.seed_noise, args.bootstrap, args.predict)
     print("\n".join(lines))

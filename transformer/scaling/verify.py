@@ -50,16 +50,20 @@ def folder(workdir, C: float) -> Path:
     return Path(workdir) / "verify" / ("flop" + f"{C:.6g}".replace("e+", "e"))
 
 
-def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: int = 1):
+def plan(workdir, flops_budget: float | None = None, n_boot: int = 100, seeds: int = 1,
+         rows: list | None = None, saved: dict | None = None):
     """(the sweep to train: the predicted size and its neighbours at C, one variant per seed;
-    the fits, C, the predicted optimum, the predicted size) for `workdir`."""
+    the fits, C, the predicted optimum, the predicted size) for `workdir`, or for the
+    finished members `rows` of the sweep `saved` (report rows and the sweep's dict: a sweep
+    refitted from its records, transformer/lab/isoflop_refit.py, with no run folders)."""
     workdir = Path(workdir)
-    finite = [r for r in report.collect(workdir) if math.isfinite(r["val_loss"])]
+    rows = report.collect(workdir) if rows is None else rows
+    finite = [r for r in rows if math.isfinite(r["val_loss"])]
     ok = report.best_per_size(finite)
     if not ok or ok[0]["budget"] != "flops":
         raise ConfigError(f"--verify: {workdir} holds no finished IsoFLOP runs "
                           "(sweep.budget_kind='flops'); run such a sweep first")
-    saved = sweep_lib._sweep_of(workdir)
+    saved = saved or sweep_lib._sweep_of(workdir)
     if not saved or not saved.get("base"):
         raise ConfigError(f"--verify: {workdir}/sweep.json with the sweep's base config is "
                           "missing: the run to verify is built from it")
@@ -146,19 +150,21 @@ def verdict(losses: dict, predicted: str) -> tuple[str, str, dict]:
 
 
 def verify(workdir, flops_budget: float | None = None, log=print, n_boot: int = 100,
-           progress: bool = True, seeds: int = 2) -> dict:
+           progress: bool = True, seeds: int = 2, rows: list | None = None,
+           saved: dict | None = None) -> dict:
     """Trains the predicted compute-optimal size and its neighbours; prints measured against
-    predicted loss and the three-size table."""
+    predicted loss and the three-size table. `rows` and `saved`: as plan's."""
     if seeds < 1:
         raise ConfigError(f"--seeds={seeds}: must be at least 1")
-    check, fits, C, best, size = plan(workdir, flops_budget, n_boot, seeds)
+    rows = report.collect(workdir) if rows is None else rows
+    check, fits, C, best, size = plan(workdir, flops_budget, n_boot, seeds, rows, saved)
     members = sweep_lib.members(check)
     # members: seeds outer, sizes inner (sweep.members), so member i is size i % len(sizes)
     names = [s["name"] for s in check.sizes]
     member = members[names.index(size["name"])]  # the predicted size, first seed
     where = folder(workdir, C)
     _refuse_another_plan(check, where)
-    largest = max(r["budget_value"] for r in report.collect(workdir))
+    largest = max(r["budget_value"] for r in rows)
     log(f"verify: C = {C:.3g} FLOPs ({C / largest:.3g}x the sweep's largest budget); "
         f"{best['source']}'s optimum N_opt = {human(best['N'])} compute-equivalent params, "
         f"D_opt = {human(best['D'])}; training the nearest ladder size {size['name']} "
