@@ -1,12 +1,12 @@
 """IsoFLOP curves for the quick start's recipe (its block and Muon) with every member at its own
 batch, rates, weight decay and warm-up (transformer/scaling/rules.py, fed its width and real
-tokens; the quick start is the reference). 4 layers, widths 8..128, 5 budgets over 100x
-(6e10..6e12 FLOPs), each keeping the sizes whose tokens per compute-equivalent parameter
-C/(6D) fall in WINDOW: 27 runs per seed, at SEEDS. cpu_isoflop.py is the same ladder on fixed
-settings.
+tokens; the quick start is the reference). 4 layers, widths 8..128 and half-steps between them,
+6 budgets over 400x (6e10..2.4e13 FLOPs): the ladder's sizes where their tokens per
+compute-equivalent parameter C/(6D) fall in WINDOW, the half-steps only where they fall in
+HALF_STEP_WINDOW, near each budget's optimum: 49 runs per seed, at SEEDS. cpu_isoflop.py is the
+same ladder on fixed settings.
 
-    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules \
-        --allow_change=variants   # a workdir of seed 0 alone gains seed 1
+    python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules
     python -m transformer scaling --workdir=runs/isoflop_rules --report --holdout=largest
     python -m transformer scaling --workdir=runs/isoflop_rules --verify --seeds=2
 """
@@ -16,28 +16,35 @@ from transformer.scaling.sweep import sweep_config
 
 N_LAYERS = 4
 WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96, 128)
-BUDGETS = (6e10, 2e11, 6e11, 2e12, 6e12)
+# Half a step between those (in N), each width a whole number of heads of at most 32.
+HALF_STEPS = (10, 14, 20, 28, 40, 56, 72, 112, 168)
+BUDGETS = (6e10, 2e11, 6e11, 2e12, 6e12, 2.4e13)
 # Tokens per compute-equivalent parameter a member may train on: centred (in log) on the 8-10
-# at which the refit of the 2026-12-06 sweep puts every budget's optimum, 12x either side. A
+# at which the refit of the 2026-12-06 sweep puts every budget's optimum, ~10x either side. A
 # width step moves D/N by 2-3x here, so each budget keeps 5-6 sizes, two or more each side of
-# its optimum: enough for a parabola, none of them a 10x-off run that only bends the fit.
-WINDOW = (0.75, 110)
-# The recipe's seed noise in nats per token (the standard deviation of one run's final val
-# loss over seeds, 0.004-0.010 on this recipe, docs/scaling.md): Approach 3 is trusted only
-# when its rmse is within 3x this.
+# its optimum: enough for a parabola, none of them a 10x-off run that only bends the fit. The
+# top, 90, keeps every member of the first five budgets (79.9 the most) and leaves out d48 at
+# 2.4e13 (103: 20M tokens, twice the corpus).
+WINDOW = (0.75, 90)
+# The half-steps, within about one width step of each optimum: with a seed noise of 0.023 nats
+# the valleys' vertices, sampled a whole step (1.5-2x in N) apart, were what limited the
+# exponent's interval (0.19 wide at the first five budgets with the whole steps alone).
+HALF_STEP_WINDOW = (2, 35)
+# The recipe's seed noise in nats per token before it was measured (0.004-0.010 on 880-step
+# runs): the report uses the noise measured from the seeds below (0.023) instead.
 SEED_NOISE = 0.01
 # Seeds (train.seed): the first's members keep the plain names, later ones are variants named
 # seed=<s> in the same group, so the report averages a size's seeds before it fits (a
 # cluster per size in the bootstrap) and measures the seed noise from the paired members,
-# which then replaces SEED_NOISE (report.seed_noise). Seed 1 joined seed 0's workdir with
-# --allow_change=variants.
+# which then replaces SEED_NOISE (report.seed_noise).
 SEEDS = (0, 1)
 
 
-def sizes(n_layers=N_LAYERS, widths=WIDTHS, head_dim=32, ff_ratio=2):
+def sizes(n_layers=N_LAYERS, widths=WIDTHS, head_dim=32, ff_ratio=2, keep_within=None):
     """The quick start's shape at other widths: heads of up to 32, d_ff twice d_model."""
     return [dict(name=f"L{n_layers}-d{d}", n_layers=n_layers, d_model=d,
-                 n_heads=-(-d // head_dim), d_ff=ff_ratio * d) for d in widths]
+                 n_heads=-(-d // head_dim), d_ff=ff_ratio * d,
+                 **({"keep_within": keep_within} if keep_within else {})) for d in widths]
 
 
 def get_config():
@@ -51,5 +58,6 @@ def get_config():
     base.train.update(eval_every=1_000_000, ckpt_every=2000, log_every=25)
     seeds = [{"name": "" if k == 0 else f"seed={s}", "group": "", "train.seed": s}
              for k, s in enumerate(SEEDS)]
-    return sweep_config(base, sizes(), budget_kind="flops", budgets=BUDGETS, window=WINDOW,
+    ladder = sizes() + sizes(widths=HALF_STEPS, keep_within=HALF_STEP_WINDOW)
+    return sweep_config(base, ladder, budget_kind="flops", budgets=BUDGETS, window=WINDOW,
                         window_n="compute", rules=True, seed_noise=SEED_NOISE, variants=seeds)
