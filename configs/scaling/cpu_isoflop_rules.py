@@ -1,10 +1,8 @@
-"""IsoFLOP curves for the quick start's recipe (its block and Muon) with every member at its own
-batch, rates, weight decay and warm-up (transformer/scaling/rules.py, fed its width and real
-tokens; the quick start is the reference). 4 layers, widths 8..128 and half-steps between them,
-6 budgets over 400x (6e10..2.4e13 FLOPs): the ladder's sizes where their tokens per
-compute-equivalent parameter C/(6D) fall in WINDOW, the half-steps only where they fall in
-HALF_STEP_WINDOW, near each budget's optimum: 49 runs per seed, at SEEDS. cpu_isoflop.py is the
-same ladder on fixed settings.
+"""IsoFLOP curves for the quick start's recipe (its block and Muon), every member at its own
+batch, rates, decay and warm-up (transformer/scaling/rules.py, fed its width and real tokens).
+4 layers; 6 budgets over 400x (6e10..2.4e13 FLOPs); the widths 8..128 where their tokens per
+compute-equivalent parameter fall in WINDOW, the half-steps HALF_STEPS only in HALF_STEP_WINDOW,
+near each optimum: 49 runs a seed, at SEEDS. cpu_isoflop.py: the same ladder on fixed settings.
 
     python -m transformer scaling --sweep=configs/scaling/cpu_isoflop_rules.py --workdir=runs/isoflop_rules
     python -m transformer scaling --workdir=runs/isoflop_rules --report --holdout=largest
