@@ -67,8 +67,9 @@ def sweep_config(base, sizes, budget_kind: str, budgets, variants=(), window=Non
     too small for it or a 10-step run of one far too large. `window_n="compute"` counts those
     tokens per compute-equivalent parameter C/(6D) instead. A size may carry its own
     "keep_within": (low, high), which replaces `window` for that size: half-steps of a ladder
-    kept only near each budget's optimum, where they sharpen its valley. `rules=True` gives each member its
-    batch, rates, weight decay and warm-up by scaling/rules.py from its width and tokens.
+    kept only near each budget's optimum, where they sharpen its valley. `rules=True` gives
+    each member its batch, rates, weight decay and warm-up by scaling/rules.py from its width
+    and tokens.
     `seed_noise` (nats per token): the recipe's seed noise, which the report holds Approach 3's
     rmse against (scaling/gate.py)."""
     s = ml_collections.ConfigDict()
